@@ -1,0 +1,177 @@
+"""`brain`: parses arguments, calls the engine, prints text or JSON. No logic of its own."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any
+
+import click
+
+from rag_app.config import ConfigError
+from rag_app.engine import Brain
+from rag_app.sync import SourceReport, SyncBusyError
+
+EXIT_FAILED, EXIT_USAGE, EXIT_BUSY = 1, 2, 3
+
+
+class TqdmProgress:
+    """Progress bar on stderr (rate and time left), only on a terminal."""
+
+    def __init__(self) -> None:
+        self._bar: Any = None
+
+    def start(self, total: int, description: str) -> None:
+        from tqdm import tqdm
+
+        self.close()
+        self._bar = tqdm(total=total, desc=description, unit="chunk", file=sys.stderr, dynamic_ncols=True)
+
+    def advance(self, count: int) -> None:
+        if self._bar is not None:
+            self._bar.update(count)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+def _open(ctx: click.Context) -> Brain:
+    try:
+        brain = Brain(ctx.obj["home"], store_url=ctx.obj["store_url"])
+    except ConfigError as exc:
+        _fail(str(exc), EXIT_USAGE)
+    brain.home.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(brain.settings.log_path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("cflow_brain")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    root.propagate = False
+    return brain
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"brain: {message}", err=True)
+    sys.exit(code)
+
+
+def _print_json(data: Any) -> None:
+    click.echo(json.dumps(data, ensure_ascii=False, indent=2))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--home", envvar="BRAIN_HOME", type=click.Path(file_okay=False), help="State directory [env BRAIN_HOME].")
+@click.option("--store-url", envvar="BRAIN_STORE_URL", help="Chroma server, e.g. http://127.0.0.1:8000.")
+@click.pass_context
+def main(ctx: click.Context, home: str | None, store_url: str | None) -> None:
+    """cflow-brain: a searchable second brain over your Memos and markdown vaults."""
+    ctx.obj = {"home": home, "store_url": store_url}
+
+
+@main.command()
+@click.option("--vault", "vaults", multiple=True, type=click.Path(), help="Sync this vault folder (repeatable).")
+@click.option("--memos", "memos", multiple=True, help="Sync this Memos/CFlow server URL (token: CFLOW_API_TOKEN).")
+@click.option("--source", "names", multiple=True, help="Sync only this known source (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON report.")
+@click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal).")
+@click.option("-v", "--verbose", is_flag=True, help="List every warning.")
+@click.pass_context
+def sync(ctx: click.Context, vaults: tuple[str, ...], memos: tuple[str, ...], names: tuple[str, ...],
+         as_json: bool, progress: bool | None, verbose: bool) -> None:
+    """Index new and changed notes; remove deleted ones. Only the sources of this run are touched."""
+    brain = _open(ctx)
+    show_progress = sys.stderr.isatty() if progress is None else progress
+
+    def on_source(result: SourceReport) -> None:
+        if not as_json:
+            click.echo(_source_line(result, verbose))
+
+    try:
+        report = brain.sync(vaults, memos, names, progress=TqdmProgress() if show_progress else None,
+                            on_source=on_source)
+    except ConfigError as exc:
+        _fail(str(exc), EXIT_USAGE)
+    except SyncBusyError as exc:
+        _fail(str(exc), EXIT_BUSY)
+    if as_json:
+        _print_json(report.to_dict())
+    else:
+        click.echo(f"embedded {report.embedded_chunks} chunks, removed {report.deleted_chunks} "
+                   f"in {report.seconds:.1f} s")
+    if report.failed:
+        for failed in (s for s in report.sources if s.failed):
+            click.echo(f"brain: source {failed.name} failed, nothing of it changed: {failed.error}", err=True)
+        sys.exit(EXIT_FAILED)
+
+
+def _source_line(result: SourceReport, verbose: bool) -> str:
+    head = f"{result.name} ({result.kind}): "
+    if result.failed:
+        return head + f"FAILED — {result.error}; the index keeps what it had"
+    line = (head + f"{result.added} added, {result.updated} updated, {result.deleted} deleted, "
+            f"{result.unchanged} unchanged, {result.skipped} skipped")
+    if result.warnings:
+        shown = result.warnings if verbose else result.warnings[:3]
+        line += f"\n  {len(result.warnings)} warning(s):" + "".join(f"\n  - {w}" for w in shown)
+        if len(shown) < len(result.warnings):
+            line += "\n  (use -v for all; also in brain.log)"
+    return line
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def status(ctx: click.Context, as_json: bool) -> None:
+    """What the index holds, per source, and when each last synced."""
+    data = _open(ctx).status()
+    if as_json:
+        _print_json(data)
+        return
+    click.echo(f"home: {data['home']}  store: {data['store']}")
+    click.echo(f"model: {data['embedding_model']}  chunker: {data['chunker_version']}")
+    click.echo(f"{data['notes']} notes, {data['chunks']} chunks")
+    for src in data["sources"]:
+        result = src["last_result"] or {}
+        state = "FAILED: " + str(result.get("error")) if result.get("failed") else "ok"
+        click.echo(f"  {src['name']} ({src['kind']}): {src['notes']} notes, {src['chunks']} chunks, "
+                   f"last sync {src['last_sync'] or 'never'}, last result {state}")
+
+
+@main.group()
+def source() -> None:
+    """List or remove sources."""
+
+
+@source.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def source_list(ctx: click.Context, as_json: bool) -> None:
+    specs = [s.to_dict() for s in _open(ctx).known_sources()]
+    if as_json:
+        _print_json(specs)
+        return
+    for spec in specs:
+        click.echo(f"{spec['name']}\t{spec['kind']}\t{spec.get('path') or spec.get('url')}")
+
+
+@source.command("remove")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def source_remove(ctx: click.Context, name: str, as_json: bool) -> None:
+    """Remove NAME and all its notes from the index (the notes themselves are untouched)."""
+    try:
+        result = _open(ctx).remove_source(name)
+    except ConfigError as exc:
+        _fail(str(exc), EXIT_USAGE)
+    except SyncBusyError as exc:
+        _fail(str(exc), EXIT_BUSY)
+    if as_json:
+        _print_json(result)
+    else:
+        click.echo(f"removed {result['removed']}: {result['notes']} notes")
+        if result["still_in_config"]:
+            click.echo("note: it is still listed in config.toml and will come back on the next sync", err=True)

@@ -1,0 +1,169 @@
+"""Settings: one home directory for all state, a TOML config file in it, and per-run overrides."""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_EMBEDDING = "e5-small"
+FAST_EMBEDDING = "use-m3"
+CONFIG_FILE = "config.toml"
+
+
+class ConfigError(Exception):
+    """The configuration is unusable; the message names the key and what is wrong."""
+
+
+@dataclass
+class SourceSpec:
+    """One note source: a vault folder or a Memos server. The token is never stored here (environment only)."""
+
+    name: str
+    kind: str
+    path: str = ""
+    url: str = ""
+    include_archived: bool = False
+    include_comments: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v not in ("", None)}
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> SourceSpec:
+        kind = str(data.get("kind") or "")
+        if kind not in ("vault", "memos"):
+            raise ConfigError(f"source {data.get('name')!r}: kind must be 'vault' or 'memos', got {kind!r}")
+        spec = SourceSpec(
+            name=str(data.get("name") or ""),
+            kind=kind,
+            path=str(data.get("path") or ""),
+            url=str(data.get("url") or ""),
+            include_archived=bool(data.get("include_archived", False)),
+            include_comments=bool(data.get("include_comments", True)),
+        )
+        if kind == "vault" and not spec.path:
+            raise ConfigError(f"source {spec.name!r}: a vault source needs 'path'")
+        if kind == "memos" and not spec.url:
+            raise ConfigError(f"source {spec.name!r}: a memos source needs 'url'")
+        if not spec.name:
+            spec.name = default_source_name(spec)
+        return spec
+
+
+def default_source_name(spec: SourceSpec) -> str:
+    """A readable, stable name: the vault folder's name, or the Memos host."""
+    if spec.kind == "vault":
+        base = Path(spec.path).expanduser().resolve().name
+    else:
+        base = re.sub(r"^https?://", "", spec.url).split("/")[0].replace(":", "-")
+    return re.sub(r"[^\w.\-]+", "-", base).strip("-") or spec.kind
+
+
+def vault_source(path: str) -> SourceSpec:
+    resolved = str(Path(path).expanduser().resolve())
+    return SourceSpec.from_dict({"kind": "vault", "path": resolved})
+
+
+def memos_source(url: str) -> SourceSpec:
+    return SourceSpec.from_dict({"kind": "memos", "url": url.rstrip("/")})
+
+
+@dataclass
+class Settings:
+    home: Path
+    sources: list[SourceSpec] = field(default_factory=list)
+    embedding_model: str = DEFAULT_EMBEDDING
+    chunk_max_chars: int = 600
+    chunk_overlap: int = 100
+    store_url: str = ""
+    lock_wait_seconds: float = 10.0
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.home / "index.sqlite"
+
+    @property
+    def chroma_path(self) -> Path:
+        return self.home / "chroma"
+
+    @property
+    def log_path(self) -> Path:
+        return self.home / "brain.log"
+
+
+def default_home() -> Path:
+    """BRAIN_HOME, else the per-user data directory."""
+    env = os.environ.get("BRAIN_HOME")
+    if env:
+        return Path(env).expanduser()
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir("cflow-brain", appauthor=False))
+
+
+def validate_embedding_model(model: str) -> str:
+    if model in (DEFAULT_EMBEDDING, FAST_EMBEDDING) or (model.startswith("hf:") and len(model) > 3):
+        return model
+    raise ConfigError(
+        f"embedding.model must be {DEFAULT_EMBEDDING!r} (default), {FAST_EMBEDDING!r} (fast) "
+        f"or 'hf:<local dir or model name>', got {model!r}"
+    )
+
+
+def model_slug(model: str) -> str:
+    """A collection-safe name for a model id (Chroma: 3–63 chars of [a-zA-Z0-9._-])."""
+    slug = re.sub(r"[^a-zA-Z0-9._-]+", "-", model).strip("-._")
+    if len(slug) > 40:
+        import hashlib
+
+        slug = slug[:30] + "-" + hashlib.sha1(model.encode()).hexdigest()[:8]
+    return slug or "model"
+
+
+def load_settings(home: str | os.PathLike[str] | None = None, store_url: str | None = None) -> Settings:
+    """Read `<home>/config.toml` (optional) and the environment; flags given here win."""
+    home_path = Path(home).expanduser() if home else default_home()
+    settings = Settings(home=home_path)
+    config_file = home_path / CONFIG_FILE
+    if config_file.exists():
+        try:
+            data = tomllib.loads(config_file.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{config_file}: not valid TOML ({exc})") from None
+        _apply(settings, data, config_file)
+    env_store = os.environ.get("BRAIN_STORE_URL")
+    settings.store_url = store_url or env_store or settings.store_url
+    validate_embedding_model(settings.embedding_model)
+    return settings
+
+
+def _apply(settings: Settings, data: dict[str, Any], where: Path) -> None:
+    known = {"sources", "embedding", "chunking", "store", "sync", "llm", "retrieval", "serve", "mcp"}
+    unknown = set(data) - known
+    if unknown:
+        raise ConfigError(f"{where}: unknown section(s) {sorted(unknown)}; known: {sorted(known)}")
+    sources = data.get("sources", [])
+    if not isinstance(sources, list):
+        raise ConfigError(f"{where}: 'sources' must be an array of tables ([[sources]])")
+    settings.sources = [SourceSpec.from_dict(s) for s in sources]
+    names = [s.name for s in settings.sources]
+    if len(names) != len(set(names)):
+        raise ConfigError(f"{where}: two sources share a name: {names}")
+    embedding = data.get("embedding", {})
+    settings.embedding_model = str(embedding.get("model", settings.embedding_model))
+    chunking = data.get("chunking", {})
+    settings.chunk_max_chars = _int(chunking, "max_chars", settings.chunk_max_chars, 100, 8000)
+    settings.chunk_overlap = _int(chunking, "overlap", settings.chunk_overlap, 0, settings.chunk_max_chars // 2)
+    settings.store_url = str(data.get("store", {}).get("url", "") or "")
+    settings.lock_wait_seconds = float(data.get("sync", {}).get("lock_wait_seconds", settings.lock_wait_seconds))
+
+
+def _int(section: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
+    value = section.get(key, default)
+    if not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(f"chunking.{key} must be an integer from {low} to {high}, got {value!r}")
+    return value

@@ -1,0 +1,154 @@
+"""The one API every shell (CLI, agent tools, MCP server, chat page, notebooks) calls."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rag_app.chunking import CHUNKER_VERSION, chunker_id
+from rag_app.config import ConfigError, Settings, SourceSpec, load_settings, memos_source, vault_source
+from rag_app.manifest import Manifest
+from rag_app.sync import Progress, SourceReport, SyncLock, SyncReport, sync_sources
+
+
+class Brain:
+    """A home directory's index: sources, sync, status (and, on top of these, search and answers)."""
+
+    def __init__(self, home: str | os.PathLike[str] | None = None, store_url: str | None = None):
+        self.settings: Settings = load_settings(home, store_url=store_url)
+
+    @property
+    def home(self) -> Path:
+        return self.settings.home
+
+    def known_sources(self) -> list[SourceSpec]:
+        """Sources from the config file, then those remembered from earlier `--vault` / `--memos` runs."""
+        specs = {s.name: s for s in self.settings.sources}
+        if self.settings.manifest_path.exists():
+            manifest = Manifest(self.settings.manifest_path)
+            try:
+                for name, row in manifest.sources().items():
+                    if name not in specs:
+                        specs[name] = SourceSpec.from_dict({**row["spec"], "name": name})
+            finally:
+                manifest.close()
+        return list(specs.values())
+
+    def resolve_sources(
+        self, vaults: tuple[str, ...] = (), memos: tuple[str, ...] = (), names: tuple[str, ...] = ()
+    ) -> list[SourceSpec]:
+        """The sources one sync run touches: those named by flags, else every known source."""
+        known = {s.name: s for s in self.known_sources()}
+        chosen: list[SourceSpec] = []
+        for path in vaults:
+            if not Path(path).expanduser().is_dir():
+                raise ConfigError(f"--vault {path}: not a directory")
+            chosen.append(_reuse_name(vault_source(path), known))
+        for url in memos:
+            chosen.append(_reuse_name(memos_source(url), known))
+        for name in names:
+            if name not in known:
+                raise ConfigError(f"unknown source {name!r}; known: {sorted(known) or 'none'}")
+            chosen.append(known[name])
+        if not (vaults or memos or names):
+            chosen = list(known.values())
+        if not chosen:
+            raise ConfigError(
+                "no sources: pass --vault DIR or --memos URL, or add [[sources]] to "
+                f"{self.settings.home / 'config.toml'}"
+            )
+        names_seen = [s.name for s in chosen]
+        if len(names_seen) != len(set(names_seen)):
+            raise ConfigError(f"two sources in this run share a name: {names_seen}")
+        return chosen
+
+    def sync(
+        self,
+        vaults: tuple[str, ...] = (),
+        memos: tuple[str, ...] = (),
+        names: tuple[str, ...] = (),
+        progress: Progress | None = None,
+        on_source: Callable[[SourceReport], None] | None = None,
+    ) -> SyncReport:
+        return sync_sources(self.settings, self.resolve_sources(vaults, memos, names), progress, on_source)
+
+    def status(self) -> dict[str, Any]:
+        """Counts from the manifest (no Chroma, no model): cheap enough for a status bar."""
+        sources: list[dict[str, Any]] = []
+        notes = chunks = 0
+        if self.settings.manifest_path.exists():
+            manifest = Manifest(self.settings.manifest_path)
+            try:
+                counts = manifest.counts()
+                for name, row in manifest.sources().items():
+                    n_notes, n_chunks = counts.get(name, (0, 0))
+                    notes += n_notes
+                    chunks += n_chunks
+                    sources.append({
+                        "name": name,
+                        "kind": row["kind"],
+                        "notes": n_notes,
+                        "chunks": n_chunks,
+                        "last_sync": _iso(row["last_sync"]),
+                        "last_result": _summary(row["last_result"]),
+                    })
+            finally:
+                manifest.close()
+        return {
+            "notes": notes,
+            "chunks": chunks,
+            "sources": sources,
+            "embedding_model": self.settings.embedding_model,
+            "chunker_version": chunker_id(self.settings.chunk_max_chars, self.settings.chunk_overlap)
+            if sources else CHUNKER_VERSION,
+            "home": str(self.settings.home),
+            "store": self.settings.store_url or "embedded",
+        }
+
+    def remove_source(self, name: str) -> dict[str, Any]:
+        """Drop a source and every note it contributed: the only way notes leave the index besides deletion."""
+        with SyncLock(self.settings.home, self.settings.lock_wait_seconds):
+            manifest = Manifest(self.settings.manifest_path)
+            try:
+                if name not in manifest.sources():
+                    raise ConfigError(f"unknown source {name!r}; known: {sorted(manifest.sources()) or 'none'}")
+                entries = manifest.entries(name)
+                note_ids = sorted(entries)
+                if note_ids:
+                    from rag_app.store import VectorIndex
+
+                    for model in {e.model for e in entries.values()}:
+                        index = VectorIndex(self.settings, model)
+                        index.forget(note_ids)
+                        index.persist()
+                with manifest.transaction():
+                    manifest.delete_notes(note_ids)
+                    manifest.delete_source(name)
+            finally:
+                manifest.close()
+        in_config = any(s.name == name for s in self.settings.sources)
+        return {"removed": name, "notes": len(note_ids), "still_in_config": in_config}
+
+
+def _reuse_name(spec: SourceSpec, known: dict[str, SourceSpec]) -> SourceSpec:
+    """A flag naming a known source's folder/URL reuses its name (and settings), so ids stay stable."""
+    for other in known.values():
+        if other.kind == spec.kind and (other.path or other.url) == (spec.path or spec.url):
+            return other
+    return spec
+
+
+def _iso(timestamp: float | None) -> str | None:
+    if timestamp is None:
+        return None
+    return dt.datetime.fromtimestamp(timestamp, tz=dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _summary(result: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not result:
+        return None
+    keys = ("added", "updated", "deleted", "unchanged", "skipped", "failed", "error")
+    return {k: result.get(k) for k in keys} | {"warnings": len(result.get("warnings") or [])}

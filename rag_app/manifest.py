@@ -1,0 +1,225 @@
+"""What the index holds, per note: content hash, chunk ids, model, chunker. The one place that decides what changed.
+
+SQLite (stdlib, fast to open) so that a sync with nothing to do needs neither Chroma nor LlamaIndex, and so that
+each batch of a long sync commits atomically: an interrupted first sync resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from readers.records import NoteRecord
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS notes (
+    note_id TEXT PRIMARY KEY,
+    source TEXT NOT NULL,
+    hash TEXT NOT NULL,
+    model TEXT NOT NULL,
+    chunker TEXT NOT NULL,
+    chunk_ids TEXT NOT NULL,
+    synced_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS notes_source ON notes(source);
+CREATE TABLE IF NOT EXISTS sources (
+    name TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    spec TEXT NOT NULL,
+    last_sync REAL,
+    last_result TEXT
+);
+CREATE TABLE IF NOT EXISTS chunks (
+    chunk_id TEXT PRIMARY KEY,
+    note_id TEXT NOT NULL,
+    source TEXT NOT NULL,
+    text TEXT NOT NULL,
+    metadata TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS chunks_note ON chunks(note_id);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+@dataclass
+class ManifestEntry:
+    note_id: str
+    source: str
+    hash: str
+    model: str
+    chunker: str
+    chunk_ids: list[str]
+
+
+@dataclass
+class Plan:
+    """What a sync of one source will do. `reembed` counts changed notes whose only change is the model/chunker."""
+
+    added: list[NoteRecord] = field(default_factory=list)
+    changed: list[NoteRecord] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    unchanged: int = 0
+    reembed: int = 0
+
+    @property
+    def to_embed(self) -> list[NoteRecord]:
+        return self.added + self.changed
+
+    @property
+    def is_noop(self) -> bool:
+        return not (self.added or self.changed or self.deleted)
+
+
+def make_plan(
+    entries: dict[str, ManifestEntry], records: list[NoteRecord], kept_ids: set[str], model: str, chunker: str
+) -> Plan:
+    """Compare a complete listing of one source against the manifest rows of that source."""
+    plan = Plan()
+    seen: set[str] = set()
+    for record in records:
+        if record.id in seen:
+            continue
+        seen.add(record.id)
+        entry = entries.get(record.id)
+        if entry is None:
+            plan.added.append(record)
+        elif entry.hash != record.content_hash:
+            plan.changed.append(record)
+        elif entry.model != model or entry.chunker != chunker:
+            plan.changed.append(record)
+            plan.reembed += 1
+        else:
+            plan.unchanged += 1
+    plan.deleted = sorted(set(entries) - seen - kept_ids)
+    return plan
+
+
+class Manifest:
+    """The SQLite file in the home: notes, sources and the chunk texts the keyword index is built from."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.db = sqlite3.connect(str(path), timeout=30.0, isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def transaction(self) -> sqlite3.Connection:
+        """`with manifest.transaction():` — one atomic commit (BEGIN IMMEDIATE … COMMIT/ROLLBACK)."""
+        return _Transaction(self.db)  # type: ignore[return-value]
+
+    def entries(self, source: str | None = None) -> dict[str, ManifestEntry]:
+        query = "SELECT note_id, source, hash, model, chunker, chunk_ids FROM notes"
+        rows = self.db.execute(query + " WHERE source = ?", (source,)) if source else self.db.execute(query)
+        return {r[0]: ManifestEntry(r[0], r[1], r[2], r[3], r[4], json.loads(r[5])) for r in rows}
+
+    def entries_for(self, note_ids: list[str]) -> dict[str, ManifestEntry]:
+        out: dict[str, ManifestEntry] = {}
+        for start in range(0, len(note_ids), 500):
+            batch = note_ids[start : start + 500]
+            rows = self.db.execute(
+                "SELECT note_id, source, hash, model, chunker, chunk_ids FROM notes "
+                f"WHERE note_id IN ({','.join('?' * len(batch))})",
+                batch,
+            )
+            out.update({r[0]: ManifestEntry(r[0], r[1], r[2], r[3], r[4], json.loads(r[5])) for r in rows})
+        return out
+
+    def put_note(self, record: NoteRecord, source: str, model: str, chunker: str, chunk_ids: list[str]) -> None:
+        self.db.execute(
+            "INSERT OR REPLACE INTO notes VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (record.id, source, record.content_hash, model, chunker, json.dumps(chunk_ids), time.time()),
+        )
+
+    def delete_notes(self, note_ids: list[str]) -> None:
+        for start in range(0, len(note_ids), 500):
+            batch = note_ids[start : start + 500]
+            marks = ",".join("?" * len(batch))
+            self.db.execute(f"DELETE FROM notes WHERE note_id IN ({marks})", batch)
+            self.db.execute(f"DELETE FROM chunks WHERE note_id IN ({marks})", batch)
+
+    def put_chunks(self, rows: list[tuple[str, str, str, str, dict[str, Any]]]) -> None:
+        """Rows of (chunk_id, note_id, source, text, metadata); the note's old chunks must be deleted first."""
+        self.db.executemany(
+            "INSERT OR REPLACE INTO chunks VALUES (?, ?, ?, ?, ?)",
+            [(c, n, s, t, json.dumps(m, ensure_ascii=False)) for c, n, s, t, m in rows],
+        )
+
+    def delete_chunks_of(self, note_ids: list[str]) -> None:
+        for start in range(0, len(note_ids), 500):
+            batch = note_ids[start : start + 500]
+            self.db.execute(f"DELETE FROM chunks WHERE note_id IN ({','.join('?' * len(batch))})", batch)
+
+    def counts(self) -> dict[str, tuple[int, int]]:
+        """Per source: (notes, chunks)."""
+        out: dict[str, tuple[int, int]] = {}
+        for source, notes, chunk_ids in self.db.execute(
+            "SELECT source, COUNT(*), SUM(json_array_length(chunk_ids)) FROM notes GROUP BY source"
+        ):
+            out[source] = (notes, chunk_ids or 0)
+        return out
+
+    def models_in_use(self) -> set[str]:
+        return {row[0] for row in self.db.execute("SELECT DISTINCT model FROM notes")}
+
+    def chunker_in_use(self) -> set[str]:
+        return {row[0] for row in self.db.execute("SELECT DISTINCT chunker FROM notes")}
+
+    def sources(self) -> dict[str, dict[str, Any]]:
+        out = {}
+        for name, kind, spec, last_sync, last_result in self.db.execute("SELECT * FROM sources ORDER BY name"):
+            out[name] = {
+                "name": name,
+                "kind": kind,
+                "spec": json.loads(spec),
+                "last_sync": last_sync,
+                "last_result": json.loads(last_result) if last_result else None,
+            }
+        return out
+
+    def put_source(self, name: str, kind: str, spec: dict[str, Any]) -> None:
+        self.db.execute(
+            "INSERT INTO sources(name, kind, spec) VALUES (?, ?, ?) "
+            "ON CONFLICT(name) DO UPDATE SET kind = excluded.kind, spec = excluded.spec",
+            (name, kind, json.dumps(spec)),
+        )
+
+    def record_result(self, name: str, result: dict[str, Any], succeeded: bool) -> None:
+        """Store the last result; `last_sync` moves only when the source synced successfully."""
+        if succeeded:
+            self.db.execute(
+                "UPDATE sources SET last_sync = ?, last_result = ? WHERE name = ?",
+                (time.time(), json.dumps(result), name),
+            )
+        else:
+            self.db.execute("UPDATE sources SET last_result = ? WHERE name = ?", (json.dumps(result), name))
+
+    def delete_source(self, name: str) -> None:
+        self.db.execute("DELETE FROM sources WHERE name = ?", (name,))
+
+    def get_meta(self, key: str) -> str | None:
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+
+class _Transaction:
+    def __init__(self, db: sqlite3.Connection):
+        self.db = db
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self.db.execute("ROLLBACK" if exc_type else "COMMIT")

@@ -1,0 +1,131 @@
+"""Chroma (embedded or over HTTP) and the pipeline docstore, one collection and docstore per embedding model.
+
+A model change fills a new collection beside the old one; the old one is dropped only when no note uses it,
+so an interrupted re-embed never leaves the index empty.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from rag_app.config import Settings, model_slug
+
+COLLECTION_PREFIX = "notes_"
+
+
+class StoreError(Exception):
+    """The vector store cannot be opened or written."""
+
+
+def collection_name(model: str) -> str:
+    return COLLECTION_PREFIX + model_slug(model)
+
+
+def open_chroma(settings: Settings) -> Any:
+    """An embedded PersistentClient under the home, or an HttpClient when `store.url` is set."""
+    import chromadb
+    from chromadb.config import Settings as ChromaSettings
+
+    chroma_settings = ChromaSettings(anonymized_telemetry=False)
+    if settings.store_url:
+        parsed = urlparse(settings.store_url)
+        if not parsed.hostname:
+            raise StoreError(f"store.url must look like http://127.0.0.1:8000, got {settings.store_url!r}")
+        try:
+            return chromadb.HttpClient(
+                host=parsed.hostname,
+                port=parsed.port or (443 if parsed.scheme == "https" else 8000),
+                ssl=parsed.scheme == "https",
+                settings=chroma_settings,
+            )
+        except Exception as exc:  # chromadb raises plain ValueError/ConnectionError variants
+            raise StoreError(f"cannot reach the Chroma server at {settings.store_url}: {exc}") from None
+    settings.chroma_path.mkdir(parents=True, exist_ok=True)
+    return chromadb.PersistentClient(path=str(settings.chroma_path), settings=chroma_settings)
+
+
+class VectorIndex:
+    """The Chroma collection and docstore of one embedding model."""
+
+    def __init__(self, settings: Settings, model: str, client: Any | None = None):
+        self.settings = settings
+        self.model = model
+        self.client = client or open_chroma(settings)
+        self.collection = self.client.get_or_create_collection(
+            collection_name(model), metadata={"hnsw:space": "cosine", "embedding_model": model}
+        )
+        self._docstore: Any = None
+        self._docstore_dirty = False
+        self._last_persist = time.monotonic()
+
+    @property
+    def docstore_path(self) -> Path:
+        return self.settings.home / "docstore" / f"{model_slug(self.model)}.json"
+
+    def vector_store(self) -> Any:
+        from llama_index.vector_stores.chroma import ChromaVectorStore
+
+        return ChromaVectorStore(chroma_collection=self.collection)
+
+    def docstore(self) -> Any:
+        if self._docstore is None:
+            from llama_index.core.storage.docstore import SimpleDocumentStore
+
+            path = self.docstore_path
+            self._docstore = SimpleDocumentStore.from_persist_path(str(path)) if path.exists() else SimpleDocumentStore()
+        return self._docstore
+
+    def forget(self, note_ids: list[str]) -> None:
+        """Remove every chunk of these notes (by their document id, so orphans of a crashed run go too)."""
+        for start in range(0, len(note_ids), 200):
+            batch = note_ids[start : start + 200]
+            self.collection.delete(where={"document_id": {"$in": batch}})
+        docstore = self.docstore()
+        for note_id in note_ids:
+            docstore.delete_document(note_id, raise_error=False)
+        self._docstore_dirty = True
+
+    def mark_written(self) -> None:
+        self._docstore_dirty = True
+        if time.monotonic() - self._last_persist > 30:
+            self.persist()
+
+    def persist(self) -> None:
+        """Write the docstore (the manifest, not the docstore, is the source of truth, so this is throttled)."""
+        if self._docstore is not None and self._docstore_dirty:
+            self.docstore_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.docstore_path.with_suffix(".tmp")
+            self._docstore.persist(persist_path=str(tmp))
+            tmp.replace(self.docstore_path)
+            self._docstore_dirty = False
+        self._last_persist = time.monotonic()
+
+    def count(self) -> int:
+        return self.collection.count()
+
+    def ids(self) -> set[str]:
+        out: set[str] = set()
+        offset = 0
+        while True:
+            got = self.collection.get(include=[], limit=5000, offset=offset)["ids"]
+            out.update(got)
+            if len(got) < 5000:
+                return out
+            offset += len(got)
+
+
+def drop_unused_collections(settings: Settings, client: Any, models_in_use: set[str]) -> list[str]:
+    """Delete the collections (and docstores) of models no note uses any more, e.g. after a model switch."""
+    keep = {collection_name(m) for m in models_in_use}
+    dropped = []
+    for collection in client.list_collections():
+        name = collection if isinstance(collection, str) else collection.name
+        if name.startswith(COLLECTION_PREFIX) and name not in keep:
+            client.delete_collection(name)
+            dropped.append(name)
+            slug = name.removeprefix(COLLECTION_PREFIX)
+            (settings.home / "docstore" / f"{slug}.json").unlink(missing_ok=True)
+    return dropped

@@ -1,0 +1,295 @@
+"""Sync: list each source completely, plan against the manifest, then embed only what changed.
+
+Order of writes per batch: forget the notes' old chunks in Chroma → pipeline (chunk, embed, add) → one SQLite
+commit of manifest rows and chunk texts. A crash between steps leaves notes the manifest does not know as done,
+so the next sync redoes exactly those; a failing source changes nothing at all.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from rag_app.chunking import chunk_markdown, chunker_id
+from rag_app.config import Settings, SourceSpec
+from rag_app.manifest import Manifest, Plan, make_plan
+from readers.records import NoteRecord, SourceListing
+
+log = logging.getLogger("cflow_brain.sync")
+BATCH_CHUNKS = 64
+
+
+class SyncBusyError(Exception):
+    """Another process holds the sync lock."""
+
+
+class Progress(Protocol):
+    def start(self, total: int, description: str) -> None: ...
+    def advance(self, count: int) -> None: ...
+    def close(self) -> None: ...
+
+
+class NoProgress:
+    def start(self, total: int, description: str) -> None:
+        pass
+
+    def advance(self, count: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class SourceReport:
+    name: str
+    kind: str
+    added: int = 0
+    updated: int = 0
+    deleted: int = 0
+    unchanged: int = 0
+    skipped: int = 0
+    failed: bool = False
+    error: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SyncReport:
+    sources: list[SourceReport] = field(default_factory=list)
+    embedded_chunks: int = 0
+    deleted_chunks: int = 0
+    model_loaded: bool = False
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> bool:
+        return any(s.failed for s in self.sources)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["seconds"] = round(self.seconds, 3)
+        return data
+
+
+class SyncLock:
+    """An exclusive flock on `<home>/sync.lock`; waits up to `wait` seconds, then refuses with who holds it."""
+
+    def __init__(self, home: Path, wait: float):
+        self.path = home / "sync.lock"
+        self.wait = wait
+        self._fd: int | None = None
+
+    def __enter__(self) -> SyncLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + self.wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+                    os.close(fd)
+                    raise SyncBusyError(
+                        f"another sync is running on {self.path.parent} (pid {holder}); "
+                        f"waited {self.wait:g} s — try again when it finishes"
+                    ) from None
+                time.sleep(0.1)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+def read_source(spec: SourceSpec) -> SourceListing:
+    """A complete listing of one source, or an exception: never a partial listing."""
+    if spec.kind == "vault":
+        from readers.vault_scanner import VaultScanner
+
+        return VaultScanner(spec.path, name=spec.name).scan()
+    from readers.memos_client import fetch_memos, token_from_env
+
+    return fetch_memos(
+        spec.url,
+        token_from_env(),
+        source=spec.name,
+        include_archived=spec.include_archived,
+        include_comments=spec.include_comments,
+    )
+
+
+class _Applier:
+    """Holds the heavy parts (model, Chroma, pipeline), created on first need only."""
+
+    def __init__(self, settings: Settings, manifest: Manifest, report: SyncReport, progress: Progress):
+        self.settings = settings
+        self.manifest = manifest
+        self.report = report
+        self.progress = progress
+        self.model = settings.embedding_model
+        self.chunker_id = chunker_id(settings.chunk_max_chars, settings.chunk_overlap)
+        self._index: Any = None
+        self._pipeline: Any = None
+
+    @property
+    def index(self) -> Any:
+        if self._index is None:
+            from rag_app.store import VectorIndex
+
+            self._index = VectorIndex(self.settings, self.model)
+        return self._index
+
+    def _get_pipeline(self) -> Any:
+        if self._pipeline is None:
+            from rag_app.embeddings import load_embedding
+            from rag_app.pipeline import MarkdownChunker, build_pipeline
+
+            embed_model = load_embedding(self.model)
+            embed_model.set_progress_hook(self.progress.advance)
+            self.report.model_loaded = True
+            chunker = MarkdownChunker(max_chars=self.settings.chunk_max_chars, overlap=self.settings.chunk_overlap)
+            self._pipeline = build_pipeline(chunker, embed_model, self.index.vector_store(), self.index.docstore())
+        return self._pipeline
+
+    def apply(self, source: str, plan: Plan) -> None:
+        if plan.to_embed:
+            self._embed(source, plan.to_embed)
+        if plan.deleted:
+            self._delete(plan.deleted)
+
+    def _embed(self, source: str, records: list[NoteRecord]) -> None:
+        sizes = [len(chunk_markdown(r.text, self.settings.chunk_max_chars, self.settings.chunk_overlap)) or 1
+                 for r in records]
+        pipeline = self._get_pipeline()
+        self.progress.start(sum(sizes), f"embedding {source}")
+        batch: list[NoteRecord] = []
+        batch_chunks = 0
+        for record, size in zip(records, sizes, strict=True):
+            batch.append(record)
+            batch_chunks += size
+            if batch_chunks >= BATCH_CHUNKS:
+                self._embed_batch(source, pipeline, batch)
+                batch, batch_chunks = [], 0
+        if batch:
+            self._embed_batch(source, pipeline, batch)
+        self.index.persist()
+        self.progress.close()
+
+    def _embed_batch(self, source: str, pipeline: Any, batch: list[NoteRecord]) -> None:
+        ids = [r.id for r in batch]
+        old = self.manifest.entries_for(ids)
+        self.index.forget(ids)
+        nodes = pipeline.run(documents=[r.to_document() for r in batch], store_doc_text=False)
+        by_note: dict[str, list[Any]] = {note_id: [] for note_id in ids}
+        for node in nodes:
+            by_note[node.ref_doc_id].append(node)
+        with self.manifest.transaction():
+            self.manifest.delete_chunks_of(ids)
+            rows = []
+            for record in batch:
+                chunk_nodes = by_note[record.id]
+                rows += [(n.id_, record.id, source, n.text, _chunk_metadata(n.metadata)) for n in chunk_nodes]
+                self.manifest.put_note(record, source, self.model, self.chunker_id, [n.id_ for n in chunk_nodes])
+            self.manifest.put_chunks(rows)
+        self.index.mark_written()
+        self.report.embedded_chunks += len(nodes)
+        self.report.deleted_chunks += sum(len(e.chunk_ids) for e in old.values())
+
+    def _delete(self, note_ids: list[str]) -> None:
+        entries = self.manifest.entries_for(note_ids)
+        self.index.forget(note_ids)
+        with self.manifest.transaction():
+            self.manifest.delete_notes(note_ids)
+        self.index.persist()
+        self.report.deleted_chunks += sum(len(e.chunk_ids) for e in entries.values())
+
+    def finish(self) -> None:
+        """Drop collections of models no note uses any more (after a completed model switch)."""
+        if self._index is None:
+            return
+        from rag_app.store import drop_unused_collections
+
+        dropped = drop_unused_collections(self.settings, self.index.client, self.manifest.models_in_use() | {self.model})
+        for name in dropped:
+            log.info("dropped collection %s (no note uses its model any more)", name)
+
+
+def _chunk_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in metadata.items() if not k.startswith("_")}
+
+
+def sync_sources(
+    settings: Settings,
+    specs: list[SourceSpec],
+    progress: Progress | None = None,
+    on_source: Callable[[SourceReport], None] | None = None,
+) -> SyncReport:
+    """Sync the given sources (and only those) into the index under `settings.home`."""
+    started = time.monotonic()
+    report = SyncReport()
+    progress = progress or NoProgress()
+    with SyncLock(settings.home, settings.lock_wait_seconds):
+        manifest = Manifest(settings.manifest_path)
+        try:
+            applier = _Applier(settings, manifest, report, progress)
+            for spec in specs:
+                source_report = _sync_one(spec, manifest, applier)
+                report.sources.append(source_report)
+                if on_source:
+                    on_source(source_report)
+            applier.finish()
+        finally:
+            manifest.close()
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _sync_one(spec: SourceSpec, manifest: Manifest, applier: _Applier) -> SourceReport:
+    result = SourceReport(name=spec.name, kind=spec.kind)
+    manifest.put_source(spec.name, spec.kind, spec.to_dict())
+    try:
+        listing = read_source(spec)
+    except Exception as exc:  # any failure of the source: keep everything it had
+        result.failed = True
+        result.error = _one_line(exc)
+        log.warning("source %s failed, nothing changed: %s", spec.name, result.error)
+        manifest.record_result(spec.name, asdict(result), succeeded=False)
+        return result
+    result.warnings = listing.warnings
+    result.skipped = listing.skipped
+    for warning in listing.warnings:
+        log.warning("%s: %s", spec.name, warning)
+    plan = make_plan(manifest.entries(spec.name), listing.records, listing.kept_ids, applier.model, applier.chunker_id)
+    result.added, result.updated = len(plan.added), len(plan.changed)
+    result.deleted, result.unchanged = len(plan.deleted), plan.unchanged
+    try:
+        applier.apply(spec.name, plan)
+    except Exception as exc:  # a store/model failure part-way: finished batches are committed, the rest retried
+        result.failed = True
+        result.error = _one_line(exc)
+        log.exception("source %s: applying changes failed", spec.name)
+        manifest.record_result(spec.name, asdict(result), succeeded=False)
+        return result
+    manifest.record_result(spec.name, asdict(result), succeeded=True)
+    log.info("synced %s: +%d ~%d -%d =%d", spec.name, result.added, result.updated, result.deleted, result.unchanged)
+    return result
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:500]

@@ -1,0 +1,69 @@
+"""The plain record every reader produces, kept free of heavy imports so a no-change sync stays fast."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+ChromaValue = str | int | float | bool
+
+
+@dataclass
+class NoteRecord:
+    """One note from one source, before chunking.
+
+    `metadata` holds only values Chroma accepts (str/int/float/bool); lists are encoded by `encode_list`.
+    `text` and `metadata` are covered by `content_hash`; `volatile` (file times and the like) is stored but not
+    hashed, so touching a file does not force a re-embed.
+    """
+
+    id: str
+    text: str
+    metadata: dict[str, ChromaValue] = field(default_factory=dict)
+    volatile: dict[str, ChromaValue] = field(default_factory=dict)
+
+    @property
+    def title(self) -> str:
+        return str(self.metadata.get("title", ""))
+
+    @property
+    def content_hash(self) -> str:
+        payload = json.dumps([self.text, self.metadata], sort_keys=True, ensure_ascii=False)
+        return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+    def to_document(self) -> Any:
+        """A LlamaIndex Document with a deterministic id (imported lazily: llama_index costs ~1.5 s to import)."""
+        from llama_index.core.schema import Document
+
+        return Document(id_=self.id, text=self.text, metadata={**self.volatile, **self.metadata})
+
+
+@dataclass
+class SourceListing:
+    """What a reader saw in one complete pass over a source.
+
+    `kept_ids` are notes that exist but could not be read this time: the sync must keep their old index entries.
+    """
+
+    records: list[NoteRecord]
+    kept_ids: set[str] = field(default_factory=set)
+    warnings: list[str] = field(default_factory=list)
+    skipped: int = 0
+
+
+def encode_list(values: list[str]) -> str:
+    """Encode a list for Chroma metadata as a JSON string (Chroma rejects list values)."""
+    return json.dumps(list(values), ensure_ascii=False)
+
+
+def decode_list(value: object) -> list[str]:
+    """Inverse of `encode_list`; tolerant of missing or malformed values."""
+    if not isinstance(value, str) or not value:
+        return []
+    try:
+        decoded = json.loads(value)
+    except ValueError:
+        return []
+    return [str(v) for v in decoded] if isinstance(decoded, list) else []
