@@ -175,3 +175,5 @@ def source_remove(ctx: click.Context, name: str, as_json: bool) -> None:
         click.echo(f"removed {result['removed']}: {result['notes']} notes")
         if result["still_in_config"]:
             click.echo("note: it is still listed in config.toml and will come back on the next sync", err=True)
+if __name__ == "__main__":
+    main()

@@ -75,7 +75,8 @@ class VectorIndex:
             from llama_index.core.storage.docstore import SimpleDocumentStore
 
             path = self.docstore_path
-            self._docstore = SimpleDocumentStore.from_persist_path(str(path)) if path.exists() else SimpleDocumentStore()
+            exists = path.exists()
+            self._docstore = SimpleDocumentStore.from_persist_path(str(path)) if exists else SimpleDocumentStore()
         return self._docstore
 
     def forget(self, note_ids: list[str]) -> None:

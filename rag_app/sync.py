@@ -224,7 +224,8 @@ class _Applier:
             return
         from rag_app.store import drop_unused_collections
 
-        dropped = drop_unused_collections(self.settings, self.index.client, self.manifest.models_in_use() | {self.model})
+        in_use = self.manifest.models_in_use() | {self.model}
+        dropped = drop_unused_collections(self.settings, self.index.client, in_use)
         for name in dropped:
             log.info("dropped collection %s (no note uses its model any more)", name)
 

@@ -129,6 +129,10 @@ class MemosClient:
             response = self.request("GET", path)
             if response.status_code in (404, 405, 501):
                 continue
+            if response.status_code == 401:
+                raise MemosAuthError(
+                    f"GET {path}: 401 {_error_message(response)}: set a valid access token in {TOKEN_ENV_VARS[0]}"
+                )
             if response.status_code >= 400:
                 raise MemosError(f"GET {path}: HTTP {response.status_code} {_error_message(response)}")
             try:
@@ -180,15 +184,31 @@ class MemosClient:
         """Every memo the token can see (comments included for the old API, which lists them)."""
         if api.generation == "old":
             params = {} if include_archived else {"rowStatus": "NORMAL"}
-            body = self.get_json("/api/v1/memo", params)
+            try:
+                body = self.get_json("/api/v1/memo", params)
+            except MemosError as exc:
+                if "Missing user" in str(exc):
+                    raise MemosAuthError(
+                        f"this Memos server (old API) lists memos only for a signed-in user: "
+                        f"set an access token in {TOKEN_ENV_VARS[0]}"
+                    ) from None
+                raise
             if isinstance(body, dict) and isinstance(body.get("data"), list):
                 body = body["data"]
             if not isinstance(body, list):
                 raise MemosError("GET /api/v1/memo: expected a JSON array of memos")
             return [m for m in body if isinstance(m, dict)]
         params: dict[str, Any] = {}
-        if api.version[:2] in ((0, 24), (0, 25)) and user and str(user.get("name", "")).startswith("users/"):
-            params["parent"] = user["name"]
+        me = str((user or {}).get("name") or "")
+        if api.generation == "v0.22":
+            # v0.22–v0.23 list archived memos unless filtered, and everyone's memos unless a creator is named.
+            terms = ([f"creator == '{me}'"] if me.startswith("users/") else []) + (
+                [] if include_archived else ["row_status == 'NORMAL'"]
+            )
+            if terms:
+                params["filter"] = " && ".join(terms)
+        elif api.version[:2] in ((0, 24), (0, 25)) and me.startswith("users/"):
+            params["parent"] = me
         memos = self._walk_pages("/api/v1/memos", params)
         if include_archived and api.generation == "new":
             memos += self._walk_pages("/api/v1/memos", {**params, "state": "ARCHIVED"})
@@ -257,6 +277,8 @@ def fetch_memos(
             if api.generation == "old" and not include_comments and record.metadata.get("parent"):
                 continue
             listing.records.append(record)
+        if not token:
+            listing.warnings.append(f"no token set ({TOKEN_ENV_VARS[0]}): only PUBLIC memos are visible")
         _check_downgrade(token, user, listing)
         return listing
     finally:

@@ -1,0 +1,69 @@
+"""BEIR-layout eval sets from ../shared/eval turned into vaults, so benchmarks go through the real ingestion path.
+
+The data is read from where it lies (its licences forbid copying it into the repo); vaults are written under bench/out.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SEMANTIC_VAULT = "vaults/vault_en_vaultofknowledge/vault"
+
+
+@dataclass
+class EvalSet:
+    name: str
+    queries: dict[str, str]
+    qrels: dict[str, dict[str, int]]
+    corpus_path: Path
+    vault_dir: Path | None = None
+    path_to_doc: dict[str, str] = field(default_factory=dict)
+
+
+def load_set(shared: Path, name: str) -> EvalSet:
+    root = shared / "eval" / name
+    queries = {}
+    for line in (root / "queries.jsonl").open(encoding="utf-8"):
+        row = json.loads(line)
+        queries[str(row["_id"])] = str(row["text"])
+    qrels: dict[str, dict[str, int]] = {}
+    for n, line in enumerate((root / "qrels.tsv").open(encoding="utf-8")):
+        parts = line.rstrip("\n").split("\t")
+        if n == 0 or len(parts) < 3 or int(parts[2]) <= 0:
+            continue
+        qrels.setdefault(parts[0], {})[parts[1]] = int(parts[2])
+    queries = {q: t for q, t in queries.items() if q in qrels}
+    return EvalSet(name, queries, qrels, root / "corpus.jsonl")
+
+
+def _safe(doc_id: str) -> str:
+    return re.sub(r"[^\w.\-]+", "_", doc_id)[:120]
+
+
+def materialise(shared: Path, eval_set: EvalSet, out: Path) -> EvalSet:
+    """Write one note per corpus document (or point at the real vault for semantic_dev)."""
+    if eval_set.name == "semantic_dev":
+        eval_set.vault_dir = shared / SEMANTIC_VAULT
+        for line in eval_set.corpus_path.open(encoding="utf-8"):
+            doc_id = json.loads(line)["_id"]
+            eval_set.path_to_doc[doc_id] = doc_id
+        return eval_set
+    vault = out / "vaults" / eval_set.name
+    vault.mkdir(parents=True, exist_ok=True)
+    for line in eval_set.corpus_path.open(encoding="utf-8"):
+        row = json.loads(line)
+        doc_id = str(row["_id"])
+        rel = f"{_safe(doc_id)}.md"
+        eval_set.path_to_doc[rel] = doc_id
+        title = str(row.get("title") or "").replace("\n", " ").strip()
+        body = str(row.get("text") or "")
+        front = f"---\ntitle: {json.dumps(title, ensure_ascii=False)}\n---\n" if title else ""
+        target = vault / rel
+        content = front + body + "\n"
+        if not target.exists() or target.read_text(encoding="utf-8") != content:
+            target.write_text(content, encoding="utf-8")
+    eval_set.vault_dir = vault
+    return eval_set
