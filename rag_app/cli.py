@@ -9,9 +9,7 @@ from typing import Any
 
 import click
 
-from rag_app.config import ConfigError
-from rag_app.engine import Brain
-from rag_app.sync import SourceReport, SyncBusyError
+from rag_app.engine import Brain, ConfigError, SourceReport, SyncBusyError
 
 EXIT_FAILED, EXIT_USAGE, EXIT_BUSY = 1, 2, 3
 

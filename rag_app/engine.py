@@ -11,7 +11,9 @@ from typing import Any
 from rag_app.chunking import CHUNKER_VERSION, chunker_id
 from rag_app.config import ConfigError, Settings, SourceSpec, load_settings, memos_source, vault_source
 from rag_app.manifest import Manifest
-from rag_app.sync import Progress, SourceReport, SyncLock, SyncReport, sync_sources
+from rag_app.sync import Progress, SourceReport, SyncBusyError, SyncLock, SyncReport, sync_sources
+
+__all__ = ["Brain", "ConfigError", "Progress", "SourceReport", "SyncBusyError", "SyncReport"]
 
 
 class Brain:

@@ -1,0 +1,48 @@
+"""Shared fixtures: real files, a real home directory, the fast embedding model unless a test asks otherwise."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE_VAULT = REPO / "sample_vault"
+SHARED = REPO.parent / "shared"
+
+
+def write_files(root: Path, files: dict[str, str | bytes]) -> Path:
+    for rel, content in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content, encoding="utf-8")
+    return root
+
+
+@pytest.fixture
+def make_vault(tmp_path: Path) -> Callable[..., Path]:
+    """`make_vault({"a.md": "..."}, name="notes")` writes a vault folder and returns it."""
+
+    def make(files: dict[str, str | bytes], name: str = "notes") -> Path:
+        return write_files(tmp_path / name, files)
+
+    return make
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A brain home configured with the fast model (USE-m3): sync tests embed in milliseconds, not seconds."""
+    path = tmp_path / "home"
+    path.mkdir()
+    (path / "config.toml").write_text('[embedding]\nmodel = "use-m3"\n', encoding="utf-8")
+    for var in ("BRAIN_HOME", "BRAIN_STORE_URL", "CFLOW_API_TOKEN", "MEMOS_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    return path

@@ -1,0 +1,82 @@
+"""The `brain` command as a user runs it: a real process, JSON reports, exit codes, no secrets in output."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO
+from tests.doubles.memos_server import MemosDouble, seed_memos
+
+BRAIN = [sys.executable, "-m", "rag_app.cli"]
+
+
+def brain(home: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if k not in ("CFLOW_API_TOKEN", "MEMOS_TOKEN", "BRAIN_HOME")}
+    full_env.update(env or {})
+    return subprocess.run([*BRAIN, "--home", str(home), *args], capture_output=True, text=True, cwd=REPO,
+                          env=full_env, timeout=300)
+
+
+def test_sync_json_report_has_the_documented_shape(home, make_vault):
+    vault = make_vault({"a.md": "# A\n\nalpha", "b.md": "# B\n\nbeta"})
+    done = brain(home, "sync", "--vault", str(vault), "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert set(report) == {"sources", "embedded_chunks", "deleted_chunks", "model_loaded", "seconds"}
+    source = report["sources"][0]
+    assert {"name", "kind", "added", "updated", "deleted", "unchanged", "skipped", "failed", "error"} <= set(source)
+    assert (source["name"], source["kind"], source["added"], source["failed"]) == ("notes", "vault", 2, False)
+    assert report["embedded_chunks"] == 2 and report["model_loaded"] is True
+
+
+def test_status_json_has_the_documented_shape(home, make_vault):
+    vault = make_vault({"a.md": "# A\n\nalpha"})
+    brain(home, "sync", "--vault", str(vault))
+    status = json.loads(brain(home, "status", "--json").stdout)
+    assert set(status) >= {"notes", "chunks", "sources", "embedding_model", "chunker_version", "home"}
+    assert (status["notes"], status["embedding_model"], status["home"]) == (1, "use-m3", str(home))
+    assert set(status["sources"][0]) >= {"name", "kind", "notes", "chunks", "last_sync", "last_result"}
+
+
+def test_failed_source_exits_nonzero_with_one_line_and_no_token(home):
+    secret = "memos_pat_SUPERSECRET_123"
+    with MemosDouble(mode="head", token=secret) as double:
+        seed_memos(double, 5)
+        double.faults["fail_after_pages"] = 0
+        done = brain(home, "sync", "--memos", double.url, env={"CFLOW_API_TOKEN": secret})
+    assert done.returncode == 1
+    errors = [line for line in done.stderr.splitlines() if line.startswith("brain:")]
+    assert len(errors) == 1 and "HTTP 500" in errors[0]
+    assert secret not in done.stdout + done.stderr
+    assert secret not in (home / "brain.log").read_text(encoding="utf-8")
+    assert secret not in brain(home, "status", "--json").stdout
+
+
+def test_token_is_read_from_memos_token_too(home):
+    with MemosDouble(mode="head") as double:
+        double.add_memo("a private memo", visibility="PRIVATE")
+        done = brain(home, "sync", "--memos", double.url, "--json", env={"MEMOS_TOKEN": "memos_pat_test"})
+    assert json.loads(done.stdout)["sources"][0]["added"] == 1
+
+
+def test_no_sources_is_a_usage_error(home):
+    done = brain(home, "sync")
+    assert done.returncode == 2 and "no sources" in done.stderr
+
+
+def test_broken_config_is_a_clear_error(home):
+    (home / "config.toml").write_text("[embedding]\nmodel = 'word2vec'\n", encoding="utf-8")
+    done = brain(home, "status")
+    assert done.returncode == 2 and "embedding.model" in done.stderr
+
+
+def test_source_remove_command(home, make_vault):
+    vault = make_vault({"a.md": "# A\n\nalpha"})
+    brain(home, "sync", "--vault", str(vault))
+    done = brain(home, "source", "remove", "notes", "--json")
+    assert json.loads(done.stdout) == {"removed": "notes", "notes": 1, "still_in_config": False}
+    assert json.loads(brain(home, "status", "--json").stdout)["notes"] == 0
