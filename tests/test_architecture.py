@@ -33,7 +33,8 @@ def test_shells_only_use_the_engine_api():
         path = REPO / rel
         if not path.exists():
             continue
-        internal = {m for m in imports_of(path) if m.split(".")[0] == "rag_app" and m.split(".")[-1] in ENGINE_INTERNALS}
+        modules = imports_of(path)
+        internal = {m for m in modules if m.split(".")[0] == "rag_app" and m.split(".")[-1] in ENGINE_INTERNALS}
         assert not internal, f"{rel} reaches past the engine: {internal}"
 
 

@@ -23,7 +23,9 @@ from tests.doubles.memos_server import MemosDouble, seed_memos
 NOTES = {
     "movies.md": "---\ntitle: 电影清单\ntags: [电影]\n---\n# 电影清单\n\n想看：《花样年华》《一一》。\n",
     "sleep.md": "# Better sleep\n\nGo to bed at the same time every night. No screens after ten.\n",
-    "work/incident.md": "# Incident\n\nPayments failed with ERR_CONN_RESET_4471.\n\n```bash\n# restart\nsystemctl restart pay\n```\n",
+    "work/incident.md": (
+        "# Incident\n\nPayments failed with ERR_CONN_RESET_4471.\n\n```bash\n# restart\nsystemctl restart pay\n```\n"
+    ),
 }
 
 
