@@ -3,49 +3,64 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
-_FENCE = re.compile(r"^(```|~~~)")
-_INLINE_CODE = re.compile(r"`[^`\n]*`")
-# A tag starts after whitespace or at line start, like Obsidian and Memos (`#([^\s#,]+)`), and stops at punctuation.
-_TAG = re.compile(r"(?<![^\s(（])#([^\s#,.;:!?，。；：！？、()（）\[\]{}\"'“”‘’<>|`*]+)")
+_FENCE = re.compile(r"(`{3,}|~{3,})")
+_INLINE_CODE = re.compile(r"(`+)(?!`).*?(?<!`)\1(?!`)")
+# A tag starts after whitespace, an opening bracket or at line start, like Obsidian and Memos (`#([^\s#,]+)`), but
+# not in a link anchor `[x](#part)`; it stops at punctuation (ASCII or CJK).
+_TAG = re.compile(
+    r"(?<![^\s(（])(?<!\]\()#"
+    r"([^\s#,.;:!?，。；：！？、()（）\[\]{}\"'“”‘’<>|`*~@$%^&=+\\《》「」『』【】…]+)"
+)
 _WIKILINK = re.compile(r"(!?)\[\[([^\[\]|#\n]*)(#[^\[\]|\n]*)?(?:\|([^\[\]\n]*))?\]\]")
-_H1 = re.compile(r"^#\s+(.+?)\s*#*\s*$")
-_NON_NOTE_EMBED = re.compile(r"\.(png|jpe?g|gif|svg|webp|pdf|mp3|mp4|webm|mov|wav|excalidraw)$", re.IGNORECASE)
+# CommonMark ATX heading: up to 3 spaces of indent; a closing run of '#' only counts after a space (`# C#` is "C#").
+_H1 = re.compile(r"^ {0,3}#[ \t]+(.+?)(?:[ \t]+#+)?[ \t]*$")
+_NON_NOTE_EMBED = re.compile(
+    r"\.(png|jpe?g|gif|bmp|svg|webp|avif|pdf|mp3|m4a|ogg|flac|wav|3gp|mp4|webm|ogv|mov|mkv|excalidraw|canvas)$",
+    re.IGNORECASE,
+)
 
 
-def strip_code(text: str) -> str:
-    """Text with fenced blocks and inline code blanked out, so `# comment` in code is not a tag."""
+def _blank_fences(text: str) -> list[str]:
+    """The lines of `text`, with fenced code blocks (``` or ~~~, closed by a run at least as long) blanked."""
     out: list[str] = []
-    fence: str | None = None
+    fence = ""
     for line in text.split("\n"):
-        match = _FENCE.match(line.lstrip())
-        if fence is not None:
-            if match and match.group(1) == fence:
-                fence = None
+        stripped = line.strip()
+        if fence:
+            if stripped.startswith(fence) and not stripped.strip(fence[0]):
+                fence = ""
             out.append("")
             continue
+        match = _FENCE.match(stripped)
         if match:
             fence = match.group(1)
             out.append("")
             continue
-        out.append(_INLINE_CODE.sub(" ", line))
-    return "\n".join(out)
+        out.append(line)
+    return out
+
+
+def strip_code(text: str) -> str:
+    """Text with fenced blocks and inline code blanked out, so `# comment` in code is not a tag."""
+    return "\n".join(_INLINE_CODE.sub(" ", line) for line in _blank_fences(text))
 
 
 def parse_tags(text: str) -> list[str]:
-    """Inline #tags outside code, in order of first appearance; nested tags keep `/`; pure numbers are not tags."""
-    seen: dict[str, None] = {}
-    for line in strip_code(text).split("\n"):
-        if _H1.match(line) or re.match(r"^#{1,6}\s", line):
-            continue
-        for match in _TAG.finditer(line):
-            tag = match.group(1).strip("/-_")
-            if tag and not tag.isdigit():
-                seen.setdefault(tag, None)
-    return list(seen)
+    """Inline #tags outside code, in order of first appearance; nested tags keep `/`; pure numbers are not tags.
+
+    Tags are case-insensitive (as in Obsidian): `#Work` and `#work` are one tag, spelled as first seen.
+    """
+    seen: dict[str, str] = {}
+    for match in _TAG.finditer(strip_code(text)):
+        tag = match.group(1).strip("/-_")
+        if tag and not tag.isdigit():
+            seen.setdefault(tag.casefold(), tag)
+    return list(seen.values())
 
 
 @dataclass(frozen=True)
@@ -59,17 +74,18 @@ def parse_wikilinks(text: str) -> list[WikiLink]:
     """`[[note]]`, `[[note|alias]]`, `[[note#heading]]` and note embeds, outside code; attachments are not links."""
     links: list[WikiLink] = []
     for match in _WIKILINK.finditer(strip_code(text)):
-        target = match.group(2).strip()
+        # Inside a table the alias pipe is escaped (`[[note\|alias]]`): the backslash is not part of the name.
+        target = match.group(2).strip().rstrip("\\").strip()
         if not target or _NON_NOTE_EMBED.search(target):
             continue
-        heading = (match.group(3) or "").lstrip("#").strip()
+        heading = (match.group(3) or "").lstrip("#").strip().rstrip("\\").strip()
         links.append(WikiLink(target=target, heading=heading, alias=(match.group(4) or "").strip()))
     return links
 
 
 def first_h1(text: str) -> str:
-    """The first level-one heading outside code, or ''."""
-    for line in strip_code(text).split("\n"):
+    """The first level-one heading outside code blocks, or ''; inline code in the heading is kept."""
+    for line in _blank_fences(text):
         match = _H1.match(line)
         if match:
             return match.group(1).strip()
@@ -84,9 +100,11 @@ class Frontmatter:
 
 
 def split_frontmatter(text: str) -> Frontmatter:
-    """Split YAML frontmatter from the body, tolerantly: broken frontmatter gives a warning and the body is kept."""
-    if not text.startswith("---"):
-        return Frontmatter(body=text)
+    """Split YAML frontmatter from the body, tolerantly.
+
+    Frontmatter that cannot be used (unclosed, invalid YAML, not a mapping) gives a warning and no data, and the whole
+    text is kept as the body: a note that merely starts with a `---` rule loses nothing.
+    """
     lines = text.split("\n")
     if lines[0].rstrip() != "---":
         return Frontmatter(body=text)
@@ -94,30 +112,65 @@ def split_frontmatter(text: str) -> Frontmatter:
     if end is None:
         return Frontmatter(body=text, warning="frontmatter is not closed (no second '---'); indexed as plain text")
     raw = "\n".join(lines[1:end])
-    body = "\n".join(lines[end + 1 :])
     import yaml
 
     try:
-        data = yaml.safe_load(raw) if raw.strip() else {}
-    except yaml.YAMLError as exc:
+        data = yaml.load(raw, Loader=_yaml_loader()) if raw.strip() else {}
+    except (yaml.YAMLError, ValueError) as exc:
         reason = str(exc).split("\n")[0]
-        return Frontmatter(body=body, warning=f"frontmatter is not valid YAML ({reason}); body indexed without it")
+        return Frontmatter(body=text, warning=f"frontmatter is not valid YAML ({reason}); indexed as plain text")
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        return Frontmatter(body=body, warning=f"frontmatter is a {type(data).__name__}, not a mapping; ignored")
-    return Frontmatter(data={str(k): v for k, v in data.items()}, body=body)
+        kind = type(data).__name__
+        return Frontmatter(body=text, warning=f"frontmatter is a {kind}, not a mapping; indexed as plain text")
+    return Frontmatter(data={str(k): v for k, v in data.items()}, body="\n".join(lines[end + 1 :]))
+
+
+@functools.cache
+def _yaml_loader() -> type:
+    """A safe YAML loader that keeps an impossible date (`2024-02-30`) as text instead of failing the whole block."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def construct_yaml_timestamp(self, node: Any) -> Any:
+            try:
+                return super().construct_yaml_timestamp(node)
+            except ValueError:
+                return self.construct_scalar(node)
+
+    Loader.add_constructor("tag:yaml.org,2002:timestamp", Loader.construct_yaml_timestamp)
+    return Loader
+
+
+def _flat_items(value: Any, depth: int = 0) -> list[str]:
+    """A YAML list as strings, nesting flattened (an unquoted `- [[note]]` loads as a list in a list).
+
+    The depth is capped because YAML anchors can build a list that contains itself.
+    """
+    items: list[str] = []
+    for item in value:
+        if isinstance(item, (list, tuple)) and depth < 3:
+            items.extend(_flat_items(item, depth + 1))
+        elif item is not None:
+            items.append(str(item))
+    return items
 
 
 def as_string_list(value: Any) -> list[str]:
-    """Frontmatter lists come as YAML lists, comma/space strings or scalars."""
+    """Frontmatter tags: a YAML list, a comma- or space-separated string or a scalar; a leading '#' is dropped."""
     if value is None:
         return []
-    if isinstance(value, (list, tuple, set)):
-        items = [str(v) for v in value if v is not None]
-    else:
-        items = re.split(r"[,\s]+", str(value))
-    return [item.strip().lstrip("#") for item in items if item and item.strip().lstrip("#")]
+    items = _flat_items(value) if isinstance(value, (list, tuple, set)) else re.split(r"[,\s]+", str(value))
+    return [item.strip().lstrip("#") for item in items if item.strip().lstrip("#")]
+
+
+def as_text_list(value: Any) -> list[str]:
+    """Frontmatter aliases and links: a YAML list, a comma-separated string or a scalar; spaces are kept."""
+    if value is None:
+        return []
+    items = _flat_items(value) if isinstance(value, (list, tuple, set)) else str(value).split(",")
+    return [item.strip() for item in items if item.strip()]
 
 
 def as_datetime(value: Any) -> dt.datetime | None:
@@ -127,7 +180,7 @@ def as_datetime(value: Any) -> dt.datetime | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, dt.datetime):
-        return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+        return _as_utc(value)
     if isinstance(value, dt.date):
         return dt.datetime(value.year, value.month, value.day, tzinfo=dt.UTC)
     if isinstance(value, (int, float)):
@@ -141,7 +194,7 @@ def as_datetime(value: Any) -> dt.datetime | None:
             parsed = dt.datetime.fromisoformat(candidate)
         except ValueError:
             continue
-        return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+        return _as_utc(parsed)
     match = re.match(r"^(\d{4})[-/.年](\d{1,2})[-/.月](\d{1,2})", text)
     if match:
         try:
@@ -149,6 +202,16 @@ def as_datetime(value: Any) -> dt.datetime | None:
         except ValueError:
             return None
     return None
+
+
+def _as_utc(moment: dt.datetime) -> dt.datetime | None:
+    """Naive times are taken as UTC; aware ones are converted, so every stored ISO string ends in Z."""
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=dt.UTC)
+    try:
+        return moment.astimezone(dt.UTC)
+    except OverflowError:
+        return None
 
 
 def date_fields(prefix: str, moment: dt.datetime | None) -> dict[str, str | int]:

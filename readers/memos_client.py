@@ -9,19 +9,20 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
-from readers.markdown_syntax import as_datetime, date_fields, first_h1, parse_tags
+from readers.markdown_syntax import as_datetime, date_fields, first_h1, strip_code
 from readers.records import NoteRecord, SourceListing, encode_list
 
 TOKEN_ENV_VARS = ("CFLOW_API_TOKEN", "MEMOS_TOKEN")
 _RETRY_STATUS = {429, 500, 502, 503, 504}
 _VISIBILITIES = {"PUBLIC", "PROTECTED", "PRIVATE"}
+_MEMOS_TAG = re.compile(r"#([^\s#,]+)")  # the server's own rule: a tag may follow CJK punctuation directly
 
 
 def token_from_env() -> str | None:
@@ -71,7 +72,11 @@ class MemosClient:
         if not re.match(r"^https?://", base_url or ""):
             raise MemosError(f"Memos URL must start with http:// or https://, got {base_url!r}")
         self.base_url = base_url.rstrip("/")
-        self._token = token or None
+        self._token = (token or "").strip() or None  # a pasted token often ends with a newline
+        if self._token and not re.fullmatch(r"[\x21-\x7e]+", self._token):
+            raise MemosAuthError(
+                f"the access token contains spaces or non-ASCII characters; set it again in {TOKEN_ENV_VARS[0]}"
+            )
         self.max_retries = max_retries
         self.backoff = backoff
         self.page_size = page_size
@@ -85,19 +90,39 @@ class MemosClient:
     def __repr__(self) -> str:
         return f"MemosClient({self.base_url!r}, token={'set' if self._token else 'none'})"
 
+    @property
+    def has_token(self) -> bool:
+        return self._token is not None
+
+    def _auth_hint(self) -> str:
+        if self._token:
+            return f"the token was rejected; set a valid access token in {TOKEN_ENV_VARS[0]}"
+        return f"this server requires an access token; set one in {TOKEN_ENV_VARS[0]}"
+
     def close(self) -> None:
         self._http.close()
 
-    def request(self, method: str, path: str, params: dict[str, Any] | None = None) -> httpx.Response:
+    def __enter__(self) -> MemosClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def request(self, method: str, path: str, params: dict[str, Any] | None = None, what: str = "") -> httpx.Response:
         """Send one request, retrying transient failures a bounded number of times."""
         delay = self.backoff
         for attempt in range(self.max_retries + 1):
             last = attempt == self.max_retries
             try:
                 response = self._http.request(method, path, params=params)
-            except (httpx.TimeoutException, httpx.TransportError) as exc:
+            except httpx.TransportError as exc:
                 if last:
-                    raise MemosError(f"{method} {path}: {type(exc).__name__} after {attempt + 1} attempts") from None
+                    failure = (
+                        "timed out"
+                        if isinstance(exc, httpx.TimeoutException)
+                        else f"connection failed ({type(exc).__name__})"
+                    )
+                    raise MemosError(f"{method} {path}{what}: {failure} after {attempt + 1} attempts") from None
                 self._sleep(delay)
                 delay *= 2
                 continue
@@ -109,12 +134,9 @@ class MemosClient:
         raise AssertionError("unreachable")
 
     def get_json(self, path: str, params: dict[str, Any] | None = None, what: str = "") -> Any:
-        response = self.request("GET", path, params)
+        response = self.request("GET", path, params, what)
         if response.status_code == 401:
-            raise MemosAuthError(
-                f"GET {path}: 401 {_error_message(response)}: the token was rejected; "
-                f"set a valid access token in {TOKEN_ENV_VARS[0]}"
-            )
+            raise MemosAuthError(f"GET {path}{what}: 401 {_error_message(response)}: {self._auth_hint()}")
         if response.status_code >= 400:
             raise MemosError(f"GET {path}{what}: HTTP {response.status_code} {_error_message(response)}")
         try:
@@ -130,9 +152,7 @@ class MemosClient:
             if response.status_code in (404, 405, 501):
                 continue
             if response.status_code == 401:
-                raise MemosAuthError(
-                    f"GET {path}: 401 {_error_message(response)}: set a valid access token in {TOKEN_ENV_VARS[0]}"
-                )
+                raise MemosAuthError(f"GET {path}: 401 {_error_message(response)}: {self._auth_hint()}")
             if response.status_code >= 400:
                 raise MemosError(f"GET {path}: HTTP {response.status_code} {_error_message(response)}")
             try:
@@ -169,6 +189,8 @@ class MemosClient:
                     f"the Memos server does not accept the token ({method} {path}: {response.status_code}); "
                     f"set a valid access token in {TOKEN_ENV_VARS[0]}"
                 )
+            if response.status_code >= 500:  # retries are spent: guessing "anonymous" could hide PRIVATE memos
+                raise MemosError(f"{method} {path}: HTTP {response.status_code} {_error_message(response)}")
             if response.status_code >= 400:
                 return None
             try:
@@ -207,12 +229,19 @@ class MemosClient:
             )
             if terms:
                 params["filter"] = " && ".join(terms)
-        elif api.version[:2] in ((0, 24), (0, 25)) and me.startswith("users/"):
+        elif api.version[:2] in ((0, 24), (0, 25)) and self.has_token:
+            # v0.24–v0.25 list the caller's PRIVATE memos only with parent=users/{me}.
+            if not me.startswith("users/"):
+                raise MemosError(
+                    f"Memos {api.version_text} lists PRIVATE memos only for a named user, and the server did not say "
+                    "whom the token belongs to; the listing would be incomplete"
+                )
             params["parent"] = me
         memos = self._walk_pages("/api/v1/memos", params)
         if include_archived and api.generation == "new":
             memos += self._walk_pages("/api/v1/memos", {**params, "state": "ARCHIVED"})
-        return memos
+        # A memo archived between the two walks shows up in both: keep one, the later (archived) view.
+        return list({str(m.get("name") or id(m)): m for m in memos}.values())
 
     def list_comments(self, memo_name: str) -> list[dict[str, Any]]:
         return self._walk_pages(f"/api/v1/{quote(memo_name, safe='/')}/comments", {})
@@ -255,7 +284,7 @@ def fetch_memos(
     client = client or MemosClient(base_url, token)
     try:
         api = client.detect()
-        user = client.current_user(api) if token else None
+        user = client.current_user(api) if client.has_token else None
         try:
             raw = client.list_raw(api, include_archived=include_archived, user=user)
         except MemosError as exc:
@@ -267,9 +296,10 @@ def fetch_memos(
             raise
         if api.generation != "old" and include_comments:
             raw += _fetch_comments(client, raw)
+        uids = {str(m["name"]): str(m["uid"]) for m in raw if m.get("name") and m.get("uid")}
         listing = SourceListing(records=[])
         for memo in raw:
-            record = memo_to_record(memo, api, client.base_url, source)
+            record = memo_to_record(memo, api, client.base_url, source, uids)
             if record is None:
                 listing.skipped += 1
                 listing.warnings.append(f"memo without id or name skipped: {str(memo)[:80]}")
@@ -277,9 +307,9 @@ def fetch_memos(
             if api.generation == "old" and not include_comments and record.metadata.get("parent"):
                 continue
             listing.records.append(record)
-        if not token:
+        if not client.has_token:
             listing.warnings.append(f"no token set ({TOKEN_ENV_VARS[0]}): only PUBLIC memos are visible")
-        _check_downgrade(token, user, listing)
+        _check_downgrade(client.has_token, user, listing)
         return listing
     finally:
         if own_client:
@@ -296,60 +326,68 @@ def _fetch_comments(client: MemosClient, memos: list[dict[str, Any]]) -> list[di
     return comments
 
 
-def _check_downgrade(token: str | None, user: dict[str, Any] | None, listing: SourceListing) -> None:
+def _check_downgrade(has_token: bool, user: dict[str, Any] | None, listing: SourceListing) -> None:
     """A token was given, the server could not say who we are, and only PUBLIC memos came back: likely anonymous."""
-    if not token or user is not None or not listing.records:
+    if not has_token or user is not None or not listing.records:
         return
-    if all(record.metadata.get("visibility") == "PUBLIC" for record in listing.records) and len(listing.records) > 0:
+    if all(record.metadata.get("visibility") == "PUBLIC" for record in listing.records):
         listing.warnings.append(
             "only PUBLIC memos were returned although a token was set; if you expected private memos, "
             "the token may be invalid (current Memos servers treat a bad token as anonymous)"
         )
 
 
-def memo_to_record(memo: dict[str, Any], api: MemosApi, base_url: str, source: str) -> NoteRecord | None:
-    """Normalise one memo of any API generation into a record with a stable id and a web URL for citations."""
+def memo_to_record(
+    memo: dict[str, Any], api: MemosApi, base_url: str, source: str, uids: Mapping[str, str] | None = None
+) -> NoteRecord | None:
+    """Normalise one memo of any API generation into a record with a stable id and a web URL for citations.
+
+    `uids` maps v0.22 names (`memos/<int>`) to uids, so that links and parents there are record ids too.
+    """
     content = str(memo.get("content") or "")
+    prop = memo.get("property") if isinstance(memo.get("property"), dict) else {}
     if api.generation == "old":
         raw_id = memo.get("id")
         if raw_id is None:
             return None
-        memo_id = str(raw_id)
+        memo_id = self_key = str(raw_id)  # relations use the numeric id even when v0.20+ adds a `name`
         link_key = str(memo.get("uid") or memo.get("name") or raw_id) if api.version >= (0, 19) else memo_id
         url = f"{base_url}/m/{link_key}"
         created = as_datetime(memo.get("createdTs"))
         updated = as_datetime(memo.get("updatedTs"))
         archived = str(memo.get("rowStatus") or "").upper() == "ARCHIVED"
-        tags = parse_tags(content)
+        field_tags = None
         creator = str(memo.get("creatorUsername") or memo.get("creatorId") or "")
     else:
-        name = str(memo.get("name") or "")
-        if not name:
+        self_key = str(memo.get("name") or "")
+        if not self_key:
             return None
         uid = str(memo.get("uid") or "") if api.generation == "v0.22" else ""
-        memo_id = uid or name.removeprefix("memos/")
+        memo_id = uid or self_key.removeprefix("memos/")
         use_memos_path = api.version >= (0, 25) or not api.version
         url = f"{base_url}/memos/{memo_id}" if use_memos_path else f"{base_url}/m/{memo_id}"
         created = as_datetime(memo.get("createTime"))
         updated = as_datetime(memo.get("updateTime"))
         state = str(memo.get("state") or memo.get("rowStatus") or "").upper()
         archived = state == "ARCHIVED"
-        field_tags = memo.get("tags") or (memo.get("property") or {}).get("tags") or []
-        tags = [str(t) for t in field_tags if t] if isinstance(field_tags, list) else []
-        tags = list(dict.fromkeys(tags + parse_tags(content)))
+        field_tags = memo.get("tags") if api.generation == "new" else prop.get("tags")
         creator = str(memo.get("creator") or "")
+    # The server's own tag list wins; content is parsed only when it sends none (old API, v0.22.0, null fields).
+    if isinstance(field_tags, list) and any(field_tags):
+        tags = list(dict.fromkeys(str(tag) for tag in field_tags if tag))
+    else:
+        tags = list(dict.fromkeys(_MEMOS_TAG.findall(strip_code(content))))
     visibility = str(memo.get("visibility") or "PRIVATE").upper()
     if visibility not in _VISIBILITIES:
         visibility = "PRIVATE"
-    relations = _relations(memo)
-    self_key = str(memo.get("name") or memo.get("id") or "")
-    links = [_memo_note_id(r["to"]) for r in relations if r["from"] == self_key and r["type"] != "COMMENT"]
+    outgoing = [r for r in _relations(memo) if r["from"] == self_key]
+    links = [_note_id(r["to"], api, uids) for r in outgoing if r["type"] == "REFERENCE"]
     parent_ref = memo.get("parent")
-    if isinstance(parent_ref, dict):
-        parent_ref = parent_ref.get("id") or parent_ref.get("name")
-    if not parent_ref:
-        parent_ref = next((r["to"] for r in relations if r["from"] == self_key and r["type"] == "COMMENT"), "")
-    title = str((memo.get("property") or {}).get("title") or "") or first_h1(content) or _first_line(content)
+    if isinstance(parent_ref, dict):  # v0.16–v0.18.1 embed the parent memo
+        parent_ref = parent_ref.get("id")
+    parent_refs = ([str(parent_ref)] if parent_ref else []) + [r["to"] for r in outgoing if r["type"] == "COMMENT"]
+    parent = next(filter(None, (_note_id(ref, api, uids) for ref in parent_refs)), "")
+    title = str(prop.get("title") or "") or first_h1(content) or _first_line(content)
     metadata: dict[str, str | int | float | bool] = {
         "kind": "memos",
         "source": source,
@@ -357,15 +395,15 @@ def memo_to_record(memo: dict[str, Any], api: MemosApi, base_url: str, source: s
         "memo_id": memo_id,
         "url": url,
         "tags": encode_list(tags),
-        "links": encode_list(list(dict.fromkeys(links))),
+        "links": encode_list(list(dict.fromkeys(filter(None, links)))),
         "visibility": visibility,
         "pinned": bool(memo.get("pinned")),
         "archived": archived,
         "creator": creator,
         "attachments": encode_list(_attachment_names(memo)),
     }
-    if parent_ref:
-        metadata["parent"] = _memo_note_id(str(parent_ref))
+    if parent:
+        metadata["parent"] = parent
     metadata.update(date_fields("created", created))
     metadata.update(date_fields("updated", updated))
     return NoteRecord(id=f"memos:{memo_id}", text=content, metadata=metadata)
@@ -387,7 +425,11 @@ def _relations(memo: dict[str, Any]) -> list[dict[str, str]]:
     return out
 
 
-def _memo_note_id(ref: str) -> str:
+def _note_id(ref: str, api: MemosApi, uids: Mapping[str, str] | None) -> str:
+    """The record id a relation or parent points at; '' on v0.22 when the target's uid is unknown (not listed)."""
+    if api.generation == "v0.22":
+        uid = (uids or {}).get(ref)
+        return f"memos:{uid}" if uid else ""
     return f"memos:{ref.removeprefix('memos/')}"
 
 
@@ -412,11 +454,15 @@ def _retry_after(response: httpx.Response) -> float | None:
 
 
 def _error_message(response: httpx.Response) -> str:
-    """The server's own error text (echo `{message}` or gateway `{code, message}`), short and on one line."""
+    """The server's own error text (echo `{message}` or gateway `{code, message}`), short and on one line.
+
+    Bodies that say nothing (old servers answer 429 with `null`) give the reason phrase instead.
+    """
+    text = " ".join(response.text.split())
     try:
         body = json.loads(response.text)
-        if isinstance(body, dict) and body.get("message"):
-            return str(body["message"])[:200]
     except ValueError:
-        pass
-    return " ".join(response.text.split())[:200] or response.reason_phrase
+        body = text
+    if isinstance(body, dict) and body.get("message"):
+        return " ".join(str(body["message"]).split())[:200]
+    return text[:200] if body else response.reason_phrase

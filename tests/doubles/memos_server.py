@@ -2,7 +2,8 @@
 
 Modes: ``old`` (v0.18.2 echo API), ``v0.22`` (early gRPC-gateway API), ``v0.25`` and ``head``
 (v0.30+/HEAD).  Only the read side a sync client needs is served: version probes, memo list,
-single memo and comments.  Fault injection is driven by the mutable ``faults`` dict.
+single memo and comments.  Fault injection is driven by the mutable ``faults`` dict; ``raw_overrides``
+bends one memo's JSON into shapes the store cannot produce (null content, unknown enum values...).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ JSON_TYPE = "application/json"
 TEXT_TYPE = "text/plain; charset=utf-8"
 GATEWAY_401 = b'{"code": 16, "message": "authentication required"}\n'
 OLD_BAD_TOKEN = "Invalid or expired access token"
+OMIT: Any = object()  # a ``raw_overrides`` value that removes the key from the memo JSON
 # HTTP status -> (gRPC code, message) for injected errors in the new API.
 GRPC_ERRORS = {
     400: (3, "invalid argument"),
@@ -192,6 +194,7 @@ class _Server(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body go out in two writes: without this, each answer waits ~40 ms
     server: _Server
 
     def do_GET(self) -> None:  # noqa: N802 - http.server naming
@@ -208,7 +211,16 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class MemosDouble:
-    """In-process Memos server; see the module docstring and ``faults`` keys."""
+    """In-process Memos server; see the module docstring.
+
+    ``faults`` keys, all but ``status_on_path`` acting on the memo list endpoint only: ``delay`` (seconds before
+    answering), ``burst_429`` (answer 429 this many times), ``fail_after_pages`` / ``unauthorized_after_pages``
+    (500 / 401 once this many pages were served), ``status_on_page`` ({page index: status}, once unless ``sticky``),
+    ``truncate_page`` / ``reset_page`` (page index whose body is cut / whose connection resets mid-body),
+    ``repeat_token`` (always hand out the second page's token), ``non_json_error`` (error bodies as text/plain),
+    ``call_after_pages`` ({pages served: callable}, each called once before the next list request: a user writing
+    or archiving a memo mid-walk), ``status_on_path`` ({path: status} for any other endpoint, e.g. who-am-I).
+    """
 
     def __init__(
         self, mode: str = "head", token: str | None = "memos_pat_test", private_instance: bool = False
@@ -221,6 +233,8 @@ class MemosDouble:
         self.url = ""
         self.requests: list[dict[str, Any]] = []
         self.faults: dict[str, Any] = {}
+        # memo key -> fields merged into that memo's JSON wherever it is served; a value of OMIT drops the field
+        self.raw_overrides: dict[str, Json] = {}
         self._lock = threading.RLock()
         self._rng = random.Random(0)
         self._memos: dict[int, _Memo] = {}
@@ -371,8 +385,11 @@ class MemosDouble:
 
     def _memo_json(self, memo: _Memo, rels: dict[int, list[tuple[int, int, str]]]) -> Json:
         mine = rels.get(memo.id, [])
-        if self.mode == "old":
-            return self._old_json(memo, mine)
+        out = self._old_json(memo, mine) if self.mode == "old" else self._new_json(memo, mine)
+        merged = out | self.raw_overrides.get(self._key(memo), {})
+        return {key: value for key, value in merged.items() if value is not OMIT}
+
+    def _new_json(self, memo: _Memo, mine: list[tuple[int, int, str]]) -> Json:
         content = memo.content
         props: Json = {
             "hasLink": "http://" in content or "https://" in content,
@@ -477,16 +494,18 @@ class MemosDouble:
         auth = handler.headers.get("Authorization")
         bearer = auth.split() if auth else []
         token = bearer[1] if len(bearer) == 2 and bearer[0].lower() == "bearer" else ""
-        if parts.path == ("/api/v1/memo" if self.mode == "old" else "/api/v1/memos"):
+        if parts.path in self.faults.get("status_on_path", {}):
+            reply = self._fault_reply(self.faults["status_on_path"][parts.path])
+        elif parts.path == ("/api/v1/memo" if self.mode == "old" else "/api/v1/memos"):
             reply = self._list_with_faults(parts.path, query, token)
         else:
             with self._lock:
                 reply = self._route(parts.path, query, token)
-        self._send(handler, reply)
-        with self._lock:
+        with self._lock:  # logged before answering, so a client that has its answer also sees the log entry
             self.requests.append(
                 {"method": handler.command, "path": parts.path, "query": query, "auth": auth, "status": reply.status}
             )
+        self._send(handler, reply)
 
     @staticmethod
     def _send(handler: _Handler, reply: _Reply) -> None:
@@ -531,6 +550,8 @@ class MemosDouble:
         if faults.get("delay"):
             time.sleep(faults["delay"])
         with self._lock:
+            if self._pages_served in faults.get("call_after_pages", {}):
+                faults["call_after_pages"].pop(self._pages_served)()
             if faults.get("burst_429", 0) > 0:
                 faults["burst_429"] -= 1
                 return self._fault_reply(429)

@@ -1,0 +1,269 @@
+"""Markdown conventions: code stripping, #tags, [[wikilinks]], H1 titles, frontmatter, frontmatter values, dates."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+
+from readers.markdown_syntax import (
+    WikiLink,
+    as_datetime,
+    as_string_list,
+    as_text_list,
+    date_fields,
+    first_h1,
+    parse_tags,
+    parse_wikilinks,
+    split_frontmatter,
+    strip_code,
+)
+
+UTC = dt.UTC
+PLUS_8 = dt.timezone(dt.timedelta(hours=8))
+
+
+# --- code ---------------------------------------------------------------------------------------------------------
+
+
+def test_strip_code_blanks_fenced_blocks_and_inline_code_but_keeps_line_count() -> None:
+    """Backtick and tilde fences and inline spans disappear; every other line stays where it was."""
+    text = "keep #a\n```py\n# code\n```\n~~~\n#tilde\n~~~\nx `#inline` y"
+    stripped = strip_code(text)
+    assert stripped.split("\n") == ["keep #a", "", "", "", "", "", "", "x   y"]
+
+
+def test_a_fence_closes_only_on_a_run_at_least_as_long_without_info_string() -> None:
+    """A ```` fence may contain ``` lines; a ```lang line does not close a block."""
+    text = "````\n```\n#inside\n```\n````\n#after\n```\n```py\n#still\n```\n#out"
+    assert strip_code(text).split("\n") == ["", "", "", "", "", "#after", "", "", "", "", "#out"]
+
+
+def test_double_backtick_inline_code_may_contain_a_backtick() -> None:
+    """``a ` #b`` is one code span, so #b inside it is code."""
+    assert parse_tags("``a ` #b`` #c") == ["c"]
+
+
+# --- tags ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("#plain and #two", ["plain", "two"]),
+        ("读完了 #读书 很好", ["读书"]),
+        ("#work/infra is nested", ["work/infra"]),
+        ("刚看完 #科幻。还不错", ["科幻"]),
+        ("好书 #科幻 #小说！", ["科幻", "小说"]),
+        ("《三体》 #科幻》", ["科幻"]),
+        ("(#paren) and （#全角）", ["paren", "全角"]),
+        ("end of sentence #done.", ["done"]),
+        ("# Title\n## Sub title", []),
+        ("## Meeting #work", ["work"]),
+        ("see http://x/#a and https://example.com/page#frag", []),
+        ("see [the section](#anchor)", []),
+        ("issue #123 and #2024", []),
+        ("#123abc", ["123abc"]),
+        ("mid#word", []),
+        ("#dup #dup #other #dup", ["dup", "other"]),
+        ("#Work then #work", ["Work"]),
+        ("`#inline` #real", ["real"]),
+        ("```\n#fenced\n```\n#real", ["real"]),
+        ("~~~\n#tilde\n~~~\n#real", ["real"]),
+        ("#-", []),
+        ("color #fff;", ["fff"]),
+    ],
+)
+def test_parse_tags(text: str, expected: list[str]) -> None:
+    """Inline tags follow Obsidian: after whitespace, outside code, not headings, anchors or pure numbers."""
+    assert parse_tags(text) == expected
+
+
+# --- wikilinks ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[[note]]", [WikiLink("note")]),
+        ("[[note|alias]]", [WikiLink("note", alias="alias")]),
+        ("[[note#heading]]", [WikiLink("note", heading="heading")]),
+        ("[[note#heading|alias]]", [WikiLink("note", heading="heading", alias="alias")]),
+        ("[[sub/读书笔记]]", [WikiLink("sub/读书笔记")]),
+        ("| [[note\\|alias]] | [[other#h\\|x]] |", [WikiLink("note", alias="alias"), WikiLink("other", "h", "x")]),
+        ("![[embedded note]]", [WikiLink("embedded note")]),
+        ("![[image.png]] ![[photo.JPG|300]] ![[doc.pdf#page=2]] [[clip.mp4]]", []),
+        ("[[#heading in this note]]", []),
+        ("`[[inline]]`\n```\n[[fenced]]\n```\n[[real]]", [WikiLink("real")]),
+        ("[[a]] and [[b]] and [[a]]", [WikiLink("a"), WikiLink("b"), WikiLink("a")]),
+    ],
+)
+def test_parse_wikilinks(text: str, expected: list[WikiLink]) -> None:
+    """Note links and note embeds count; attachments, self-heading links and links in code do not."""
+    assert parse_wikilinks(text) == expected
+
+
+# --- first H1 -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("intro\n# Title\n# Second", "Title"),
+        ("## Sub\n### Deeper", ""),
+        ("#hashtag line", ""),
+        ("```\n# comment in code\n```\n# Real", "Real"),
+        ("# C#", "C#"),
+        ("# Closed heading ##", "Closed heading"),
+        ("   # Indented three", "Indented three"),
+        ("    # Indented four is code", ""),
+        ("# The `foo` function", "The `foo` function"),
+        ("# 标题 #标签", "标题 #标签"),
+        ("#\n# ", ""),
+    ],
+)
+def test_first_h1(text: str, expected: str) -> None:
+    """The first ATX level-one heading outside fences, as written."""
+    assert first_h1(text) == expected
+
+
+# --- frontmatter --------------------------------------------------------------------------------------------------
+
+
+def test_frontmatter_is_split_from_the_body() -> None:
+    """A closed YAML mapping becomes data; the body starts after the closing line."""
+    fm = split_frontmatter("---\ntitle: T\ntags: [a, b]\n---\n# Body\ntext")
+    assert (fm.data, fm.body, fm.warning) == ({"title": "T", "tags": ["a", "b"]}, "# Body\ntext", "")
+
+
+def test_frontmatter_may_close_with_dots() -> None:
+    """YAML's document end marker `...` closes frontmatter too."""
+    assert split_frontmatter("---\na: 1\n...\nbody") == split_frontmatter("---\na: 1\n---\nbody")
+    assert split_frontmatter("---\na: 1\n...\nbody").data == {"a": 1}
+
+
+def test_empty_frontmatter_is_no_data_and_no_warning() -> None:
+    """`---` twice (or with blank lines between) is valid and empty."""
+    for text in ("---\n---\nbody", "---\n\n---\nbody"):
+        fm = split_frontmatter(text)
+        assert (fm.data, fm.body, fm.warning) == ({}, "body", "")
+
+
+def test_text_without_frontmatter_is_all_body() -> None:
+    """Only a first line of exactly `---` opens frontmatter."""
+    for text in ("plain\n---\nx: 1\n---", "----\nx: 1\n----", "--- not yaml\nx"):
+        fm = split_frontmatter(text)
+        assert (fm.data, fm.body, fm.warning) == ({}, text, "")
+
+
+@pytest.mark.parametrize(
+    ("text", "warning_part"),
+    [
+        ("---\ntitle: x\nno closing line", "not closed"),
+        ("---\ntitle: x\n\ttags: [a]\n---\nbody", "not valid YAML"),
+        ("---\na: [unclosed\n---\nbody", "not valid YAML"),
+        ("---\n- a\n- b\n---\nbody", "is a list, not a mapping"),
+        ("---\njust a sentence\n---\nbody", "is a str, not a mapping"),
+        ("---\n42\n---\nbody", "is a int, not a mapping"),
+    ],
+)
+def test_unusable_frontmatter_warns_and_keeps_the_whole_text(text: str, warning_part: str) -> None:
+    """Nothing is lost: a note that merely starts with a `---` rule is indexed in full."""
+    fm = split_frontmatter(text)
+    assert fm.data == {}
+    assert fm.body == text
+    assert warning_part in fm.warning
+
+
+def test_an_impossible_date_does_not_break_the_rest_of_the_frontmatter() -> None:
+    """`2024-02-30` stays text instead of failing YAML loading (it used to raise ValueError out of the scan)."""
+    fm = split_frontmatter("---\ntitle: T\ncreated: 2024-02-30\n---\nbody")
+    assert (fm.data, fm.warning) == ({"title": "T", "created": "2024-02-30"}, "")
+
+
+def test_frontmatter_keys_become_strings() -> None:
+    """Chroma metadata keys are strings, so YAML int/bool keys are converted."""
+    assert split_frontmatter("---\n2024: a\ntrue: b\n---\n").data == {"2024": "a", "True": "b"}
+
+
+# --- frontmatter values -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (["a", "b"], ["a", "b"]),
+        ("a, b", ["a", "b"]),
+        ("a b", ["a", "b"]),
+        ("#a #b", ["a", "b"]),
+        (["#读书", " 科幻 "], ["读书", "科幻"]),
+        ([["nested"], "flat"], ["nested", "flat"]),
+        ("single", ["single"]),
+        (2024, ["2024"]),
+        (["a", None, ""], ["a"]),
+        (None, []),
+        ("", []),
+    ],
+)
+def test_as_string_list_reads_tag_values(value: Any, expected: list[str]) -> None:
+    """Tags come as YAML lists, comma or space strings, with or without '#'."""
+    assert as_string_list(value) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("My Alias", ["My Alias"]),
+        ("A, B C", ["A", "B C"]),
+        (["[[My Note]]", "[[b|B]]"], ["[[My Note]]", "[[b|B]]"]),
+        ([["unquoted link"]], ["unquoted link"]),
+        ("#1 fan", ["#1 fan"]),
+        (None, []),
+    ],
+)
+def test_as_text_list_keeps_spaces(value: Any, expected: list[str]) -> None:
+    """Aliases and link targets are phrases: only commas and YAML lists separate them."""
+    assert as_text_list(value) == expected
+
+
+# --- dates --------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (dt.date(2024, 3, 5), dt.datetime(2024, 3, 5, tzinfo=UTC)),
+        (dt.datetime(2024, 3, 5, 10, 30), dt.datetime(2024, 3, 5, 10, 30, tzinfo=UTC)),
+        (dt.datetime(2024, 3, 5, 18, 30, tzinfo=PLUS_8), dt.datetime(2024, 3, 5, 10, 30, tzinfo=UTC)),
+        ("2024-03-05", dt.datetime(2024, 3, 5, tzinfo=UTC)),
+        ("2024-03-05 10:30", dt.datetime(2024, 3, 5, 10, 30, tzinfo=UTC)),
+        ("2024-03-05T10:30:00Z", dt.datetime(2024, 3, 5, 10, 30, tzinfo=UTC)),
+        ("2024-03-05T18:30:00+08:00", dt.datetime(2024, 3, 5, 10, 30, tzinfo=UTC)),
+        ("2024年3月5日", dt.datetime(2024, 3, 5, tzinfo=UTC)),
+        ("2024/3/5", dt.datetime(2024, 3, 5, tzinfo=UTC)),
+        ("2024.03.05", dt.datetime(2024, 3, 5, tzinfo=UTC)),
+        (1709634600, dt.datetime(2024, 3, 5, 10, 30, tzinfo=UTC)),
+        (1709634600.5, dt.datetime(2024, 3, 5, 10, 30, 0, 500000, tzinfo=UTC)),
+        ("2024年13月5日", None),
+        ("2024-02-30", None),
+        ("someday", None),
+        ("", None),
+        (None, None),
+        (True, None),
+        (10**20, None),
+    ],
+)
+def test_as_datetime(value: Any, expected: dt.datetime | None) -> None:
+    """Every accepted form becomes an aware UTC datetime; anything else is None, never an exception."""
+    parsed = as_datetime(value)
+    assert parsed == expected
+    if parsed is not None:
+        assert parsed.utcoffset() == dt.timedelta(0)
+
+
+def test_date_fields_give_a_z_iso_string_and_unix_seconds() -> None:
+    """Chroma can filter on `<prefix>_ts`; the ISO string is for display."""
+    moment = dt.datetime(2024, 3, 5, 10, 30, tzinfo=UTC)
+    assert date_fields("created", moment) == {"created": "2024-03-05T10:30:00Z", "created_ts": 1709634600}
+    assert date_fields("created", None) == {}

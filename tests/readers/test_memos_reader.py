@@ -1,0 +1,99 @@
+"""Specification of the LlamaIndex view of a Memos server: one Document per memo, token from the environment."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from readers.memos_client import MemosAuthError, MemosError, fetch_memos
+from readers.memos_reader import MemosReader
+from tests.doubles.memos_server import MemosDouble
+
+TOKEN = "memos_pat_test"  # the token the double accepts by default
+
+
+@dataclass
+class Memos:
+    """A head double with one memo of each kind."""
+
+    double: MemosDouble
+    private: str
+    public: str
+    archived: str
+    comment: str
+
+    def ids(self, *keys: str) -> list[str]:
+        return sorted(f"memos:{key}" for key in keys)
+
+
+@pytest.fixture
+def memos(monkeypatch: pytest.MonkeyPatch) -> Iterator[Memos]:
+    """A running double and an environment without tokens."""
+    monkeypatch.delenv("CFLOW_API_TOKEN", raising=False)
+    monkeypatch.delenv("MEMOS_TOKEN", raising=False)
+    with MemosDouble("head") as double:
+        private = double.add_memo("# 读书笔记\n\n私人想法 #读书", pinned=True)
+        yield Memos(
+            double=double,
+            private=private,
+            public=double.add_memo("Weekly review #review", visibility="PUBLIC"),
+            archived=double.add_memo("Old plan", archived=True),
+            comment=double.add_memo("A reply", parent=private),
+        )
+
+
+def test_load_data_returns_one_document_per_record(memos: Memos) -> None:
+    """Document ids, text and metadata are those of the records `fetch_memos` produces."""
+    documents = MemosReader(memos.double.url, token=TOKEN).load_data()
+    records = fetch_memos(memos.double.url, TOKEN).records
+    assert sorted(d.id_ for d in documents) == memos.ids(memos.private, memos.public, memos.comment)
+    assert {d.id_: (d.text, d.metadata) for d in documents} == {r.id: (r.text, r.metadata) for r in records}
+    private = next(d for d in documents if d.id_ == f"memos:{memos.private}")
+    assert (private.metadata["title"], private.metadata["url"]) == (
+        "读书笔记",
+        f"{memos.double.url}/memos/{memos.private}",
+    )
+
+
+@pytest.mark.parametrize("variable", ["CFLOW_API_TOKEN", "MEMOS_TOKEN"])
+def test_the_token_comes_from_the_environment(memos: Memos, monkeypatch: pytest.MonkeyPatch, variable: str) -> None:
+    """Without a token argument, CFLOW_API_TOKEN (or MEMOS_TOKEN) is used, so PRIVATE memos are read."""
+    monkeypatch.setenv(variable, TOKEN)
+    reader = MemosReader(memos.double.url)
+    assert sorted(d.id_ for d in reader.load_data()) == memos.ids(memos.private, memos.public, memos.comment)
+    assert reader.warnings == []
+    assert {r["auth"] for r in memos.double.requests} == {f"Bearer {TOKEN}"}
+
+
+def test_cflow_api_token_wins_over_memos_token(memos: Memos, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When both are set, CFLOW_API_TOKEN is the one sent."""
+    monkeypatch.setenv("CFLOW_API_TOKEN", "memos_pat_wrong")
+    monkeypatch.setenv("MEMOS_TOKEN", TOKEN)
+    with pytest.raises(MemosAuthError, match="CFLOW_API_TOKEN"):
+        MemosReader(memos.double.url).load_data()
+    assert {r["auth"] for r in memos.double.requests} == {"Bearer memos_pat_wrong"}
+
+
+def test_a_token_argument_beats_the_environment(memos: Memos, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An explicit token is used as given, even an empty one (anonymous reading)."""
+    monkeypatch.setenv("CFLOW_API_TOKEN", TOKEN)
+    reader = MemosReader(memos.double.url, token="")
+    assert [d.id_ for d in reader.load_data()] == memos.ids(memos.public)
+    assert reader.warnings == ["no token set (CFLOW_API_TOKEN): only PUBLIC memos are visible"]
+
+
+def test_options_reach_the_listing(memos: Memos) -> None:
+    """include_archived, include_comments and source change what is read and how it is labelled."""
+    reader = MemosReader(memos.double.url, token=TOKEN, include_archived=True, include_comments=False, source="cflow")
+    documents = reader.load_data()
+    assert sorted(d.id_ for d in documents) == memos.ids(memos.private, memos.public, memos.archived)
+    assert {d.metadata["source"] for d in documents} == {"cflow"}
+
+
+def test_an_incomplete_listing_raises_instead_of_returning_part(memos: Memos) -> None:
+    """A malformed page fails the load: returning fewer documents would look like deletions."""
+    memos.double.faults["truncate_page"] = 0
+    with pytest.raises(MemosError, match="malformed JSON"):
+        MemosReader(memos.double.url, token=TOKEN).load_data()
