@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from rag_app.engine import Brain, ConfigError, SourceReport, SyncBusyError
+from rag_app.engine import Brain, ConfigError, SearchError, SourceReport, SyncBusyError
 
 EXIT_FAILED, EXIT_USAGE, EXIT_BUSY = 1, 2, 3
 
@@ -136,6 +136,77 @@ def status(ctx: click.Context, as_json: bool) -> None:
         state = "FAILED: " + str(result.get("error")) if result.get("failed") else "ok"
         click.echo(f"  {src['name']} ({src['kind']}): {src['notes']} notes, {src['chunks']} chunks, "
                    f"last sync {src['last_sync'] or 'never'}, last result {state}")
+
+
+@main.command("search")
+@click.argument("query", required=False)
+@click.option("-k", "k", default=8, show_default=True, type=click.IntRange(1, 100), help="Notes to return.")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--queries", "queries_file", type=click.File("r", encoding="utf-8"),
+              help='Batch: a JSONL file of {"id", "text"}; prints one JSON line per query.')
+@click.option("--source", "sources", multiple=True, help="Only these sources (name or kind: vault, memos).")
+@click.option("--tag", "tags", multiple=True, help="Only notes with this tag (or a sub-tag).")
+@click.option("--path", "path_prefix", default="", help="Only vault notes under this path prefix.")
+@click.option("--since", default=None, help="Only notes dated on or after YYYY-MM-DD.")
+@click.option("--until", default=None, help="Only notes dated on or before YYYY-MM-DD.")
+@click.option("--mode", type=click.Choice(["hybrid", "bm25", "vector"]), default="hybrid", show_default=True)
+@click.option("--variant", "variants", multiple=True, help="Your own query variant (repeatable): no LLM expansion.")
+@click.option("--no-expand", is_flag=True, help="Never ask the LLM for query variants.")
+@click.pass_context
+def search_command(ctx: click.Context, query: str | None, k: int, as_json: bool, queries_file: Any,
+                   sources: tuple[str, ...], tags: tuple[str, ...], path_prefix: str, since: str | None,
+                   until: str | None, mode: str, variants: tuple[str, ...], no_expand: bool) -> None:
+    """Find notes by meaning and by words, in Chinese or English, with where each came from."""
+    brain = _open(ctx)
+    options = {"sources": sources, "tags": tags, "path_prefix": path_prefix, "since": since, "until": until,
+               "mode": mode, "variants": list(variants) or None, "expand": not no_expand}
+    if queries_file is not None:
+        _batch(brain, queries_file, k, options)
+        return
+    if query is None:
+        _fail("give a QUERY, or --queries FILE.jsonl", EXIT_USAGE)
+    try:
+        response = brain.search(query, k, **options)
+    except (SearchError, ConfigError) as exc:
+        _fail(str(exc), EXIT_USAGE)
+    if as_json:
+        _print_json(response.to_dict())
+        return
+    _print_results(response)
+
+
+def _batch(brain: Brain, lines: Any, k: int, options: dict[str, Any]) -> None:
+    """One JSON line out per line in; a bad line gets an error line, the batch goes on."""
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            query_id, text = row["id"], row["text"]
+        except (ValueError, KeyError, TypeError):
+            click.echo(json.dumps({"line": number, "error": 'expected {"id": ..., "text": ...}'}))
+            continue
+        try:
+            response = brain.search(text, k, **options)
+        except SearchError as exc:
+            click.echo(json.dumps({"id": query_id, "error": str(exc)}, ensure_ascii=False))
+            continue
+        click.echo(json.dumps({"id": query_id, "results": response.results,
+                               "ms": round(response.timing["total_ms"], 2)}, ensure_ascii=False))
+
+
+def _print_results(response: Any) -> None:
+    coverage = response.coverage
+    if coverage.get("time_phrase"):
+        phrase = coverage["time_phrase"]
+        click.echo(f"(time filter from \"{phrase['phrase']}\": {phrase['since']} – {phrase['until']})")
+    if not response.results:
+        click.echo("no matching notes")
+        return
+    for n, result in enumerate(response.results, 1):
+        where = result.get("path") or result.get("url") or ""
+        click.echo(f"{n:>2}. {result['title']}  [{result['source']}] {where}  score {result['score']:.4f}")
+        click.echo(f"    {result['excerpt'][:200]}")
 
 
 @main.group()

@@ -81,6 +81,8 @@ class Settings:
     chunk_overlap: int = 100
     store_url: str = ""
     lock_wait_seconds: float = 10.0
+    retrieval: dict[str, Any] = field(default_factory=dict)
+    llm: dict[str, Any] = field(default_factory=dict)
 
     @property
     def manifest_path(self) -> Path:
@@ -160,6 +162,8 @@ def _apply(settings: Settings, data: dict[str, Any], where: Path) -> None:
     settings.chunk_overlap = _int(chunking, "overlap", settings.chunk_overlap, 0, settings.chunk_max_chars // 2)
     settings.store_url = str(data.get("store", {}).get("url", "") or "")
     settings.lock_wait_seconds = float(data.get("sync", {}).get("lock_wait_seconds", settings.lock_wait_seconds))
+    settings.retrieval = dict(data.get("retrieval", {}))
+    settings.llm = dict(data.get("llm", {}))
 
 
 def _int(section: dict[str, Any], key: str, default: int, low: int, high: int) -> int:

@@ -11,9 +11,11 @@ from typing import Any
 from rag_app.chunking import CHUNKER_VERSION, chunker_id
 from rag_app.config import ConfigError, Settings, SourceSpec, load_settings, memos_source, vault_source
 from rag_app.manifest import Manifest
+from rag_app.retrieve import SearchError, SearchFilters, SearchIndex, SearchResponse, search
 from rag_app.sync import Progress, SourceReport, SyncBusyError, SyncLock, SyncReport, sync_sources
 
-__all__ = ["Brain", "ConfigError", "Progress", "SourceReport", "SyncBusyError", "SyncReport"]
+__all__ = ["Brain", "ConfigError", "Progress", "SearchError", "SearchResponse", "SourceReport", "SyncBusyError",
+           "SyncReport"]
 
 
 class Brain:
@@ -21,6 +23,8 @@ class Brain:
 
     def __init__(self, home: str | os.PathLike[str] | None = None, store_url: str | None = None):
         self.settings: Settings = load_settings(home, store_url=store_url)
+        self._search_index: SearchIndex | None = None
+        self._llm: Any = None
 
     @property
     def home(self) -> Path:
@@ -110,6 +114,43 @@ class Brain:
             "store": self.settings.store_url or "embedded",
         }
 
+    def searcher(self) -> SearchIndex:
+        """The open search index of this home (kept for the life of this Brain: warm searches skip start-up)."""
+        if self._search_index is None:
+            self._search_index = SearchIndex(self.settings)
+        return self._search_index
+
+    def llm(self) -> Any | None:
+        if self._llm is None:
+            from rag_app.llm import llm_config, load_llm
+
+            self._llm = load_llm(llm_config(self.settings.llm)) or False
+        return self._llm or None
+
+    def search(
+        self,
+        query: str,
+        k: int = 8,
+        *,
+        sources: tuple[str, ...] = (),
+        tags: tuple[str, ...] = (),
+        path_prefix: str = "",
+        since: str | dt.date | None = None,
+        until: str | dt.date | None = None,
+        mode: str = "hybrid",
+        variants: list[str] | None = None,
+        expand: bool = True,
+    ) -> SearchResponse:
+        """Hybrid search over every note; see rag_app.retrieve for what each result holds."""
+        filters = SearchFilters(tuple(sources), tuple(tags), path_prefix, _date(since, "since"), _date(until, "until"))
+        llm = self.llm() if expand and not variants else None
+        return search(self.searcher(), query, k, filters, mode=mode, variants=variants, llm=llm)
+
+    def close(self) -> None:
+        if self._search_index is not None:
+            self._search_index.close()
+            self._search_index = None
+
     def remove_source(self, name: str) -> dict[str, Any]:
         """Drop a source and every note it contributed: the only way notes leave the index besides deletion."""
         with SyncLock(self.settings.home, self.settings.lock_wait_seconds):
@@ -133,6 +174,15 @@ class Brain:
                 manifest.close()
         in_config = any(s.name == name for s in self.settings.sources)
         return {"removed": name, "notes": len(note_ids), "still_in_config": in_config}
+
+
+def _date(value: str | dt.date | None, name: str) -> dt.date | None:
+    if value is None or value == "" or isinstance(value, dt.date):
+        return value or None
+    try:
+        return dt.date.fromisoformat(str(value)[:10])
+    except ValueError:
+        raise SearchError(f"--{name} must be a date like 2024-03-15, got {value!r}") from None
 
 
 def _reuse_name(spec: SourceSpec, known: dict[str, SourceSpec]) -> SourceSpec:

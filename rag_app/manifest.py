@@ -38,7 +38,8 @@ CREATE TABLE IF NOT EXISTS chunks (
     note_id TEXT NOT NULL,
     source TEXT NOT NULL,
     text TEXT NOT NULL,
-    metadata TEXT NOT NULL
+    metadata TEXT NOT NULL,
+    tokens TEXT
 );
 CREATE INDEX IF NOT EXISTS chunks_note ON chunks(note_id);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -108,6 +109,9 @@ class Manifest:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
+        columns = {row[1] for row in self.db.execute("PRAGMA table_info(chunks)")}
+        if "tokens" not in columns:
+            self.db.execute("ALTER TABLE chunks ADD COLUMN tokens TEXT")
 
     def close(self) -> None:
         self.db.close()
@@ -140,20 +144,72 @@ class Manifest:
         )
 
     def delete_notes(self, note_ids: list[str]) -> None:
+        if note_ids:
+            self.bump_generation()
         for start in range(0, len(note_ids), 500):
             batch = note_ids[start : start + 500]
             marks = ",".join("?" * len(batch))
             self.db.execute(f"DELETE FROM notes WHERE note_id IN ({marks})", batch)
             self.db.execute(f"DELETE FROM chunks WHERE note_id IN ({marks})", batch)
 
-    def put_chunks(self, rows: list[tuple[str, str, str, str, dict[str, Any]]]) -> None:
-        """Rows of (chunk_id, note_id, source, text, metadata); the note's old chunks must be deleted first."""
+    def put_chunks(self, rows: list[tuple[str, str, str, str, dict[str, Any], list[str]]]) -> None:
+        """Rows of (chunk_id, note_id, source, text, metadata, keyword tokens); old chunks must be deleted first."""
         self.db.executemany(
-            "INSERT OR REPLACE INTO chunks VALUES (?, ?, ?, ?, ?)",
-            [(c, n, s, t, json.dumps(m, ensure_ascii=False)) for c, n, s, t, m in rows],
+            "INSERT OR REPLACE INTO chunks VALUES (?, ?, ?, ?, ?, ?)",
+            [(c, n, s, t, json.dumps(m, ensure_ascii=False), " ".join(k)) for c, n, s, t, m, k in rows],
         )
+        self.bump_generation()
+
+    def bump_generation(self) -> None:
+        """Count chunk changes, so readers can tell whether a saved keyword index is current."""
+        self.set_meta("chunk_generation", str(int(self.get_meta("chunk_generation") or 0) + 1))
+
+    def generation(self) -> str:
+        return self.get_meta("chunk_generation") or "0"
+
+    def chunk_tokens(self) -> list[tuple[str, str | None, str, str]]:
+        """(chunk_id, tokens or None, text, metadata json) for every chunk, in a stable order."""
+        return self.db.execute("SELECT chunk_id, tokens, text, metadata FROM chunks ORDER BY chunk_id").fetchall()
+
+    def chunk_token_set(self, chunk_id: str) -> set[str]:
+        row = self.db.execute("SELECT tokens FROM chunks WHERE chunk_id = ?", (chunk_id,)).fetchone()
+        return set(row[0].split()) if row and row[0] else set()
+
+    def set_tokens(self, rows: list[tuple[str, str]]) -> None:
+        self.db.executemany("UPDATE chunks SET tokens = ? WHERE chunk_id = ?", [(t, c) for c, t in rows])
+
+    def chunks_by_id(self, chunk_ids: list[str]) -> dict[str, tuple[str, str, dict[str, Any]]]:
+        """chunk id → (note id, text, metadata)."""
+        out: dict[str, tuple[str, str, dict[str, Any]]] = {}
+        for start in range(0, len(chunk_ids), 500):
+            batch = chunk_ids[start : start + 500]
+            marks = ",".join("?" * len(batch))
+            rows = self.db.execute(
+                f"SELECT chunk_id, note_id, text, metadata FROM chunks WHERE chunk_id IN ({marks})", batch
+            )
+            out.update({r[0]: (r[1], r[2], json.loads(r[3])) for r in rows})
+        return out
+
+    def chunks_of_notes(self, note_ids: list[str]) -> dict[str, list[str]]:
+        """note id → its chunk texts in order (for duplicate detection and full text)."""
+        out: dict[str, list[str]] = {}
+        for start in range(0, len(note_ids), 500):
+            batch = note_ids[start : start + 500]
+            rows = self.db.execute(
+                f"SELECT note_id, text, chunk_id FROM chunks WHERE note_id IN ({','.join('?' * len(batch))})", batch
+            ).fetchall()
+            rows.sort(key=lambda r: (r[0], int(r[2].rsplit(":", 1)[1])))
+            for note_id, text, _ in rows:
+                out.setdefault(note_id, []).append(text)
+        return out
+
+    def note_attributes(self) -> list[tuple[str, str, str]]:
+        """(chunk_id, note_id, metadata json) of every chunk: what filters look at."""
+        return self.db.execute("SELECT chunk_id, note_id, metadata FROM chunks").fetchall()
 
     def delete_chunks_of(self, note_ids: list[str]) -> None:
+        if note_ids:
+            self.bump_generation()
         for start in range(0, len(note_ids), 500):
             batch = note_ids[start : start + 500]
             self.db.execute(f"DELETE FROM chunks WHERE note_id IN ({','.join('?' * len(batch))})", batch)

@@ -8,6 +8,7 @@ so the next sync redoes exactly those; a failing source changes nothing at all.
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import time
@@ -18,6 +19,7 @@ from typing import Any, Protocol
 
 from rag_app.chunking import chunk_markdown, chunker_id
 from rag_app.config import Settings, SourceSpec
+from rag_app.keyword import TOKENIZER_VERSION, chunk_index_text, tokenize
 from rag_app.manifest import Manifest, Plan, make_plan
 from readers.records import NoteRecord, SourceListing
 
@@ -203,7 +205,11 @@ class _Applier:
             rows = []
             for record in batch:
                 chunk_nodes = by_note[record.id]
-                rows += [(n.id_, record.id, source, n.text, _chunk_metadata(n.metadata)) for n in chunk_nodes]
+                rows += [
+                    (n.id_, record.id, source, n.text, meta, tokenize(chunk_index_text(n.text, meta)))
+                    for n in chunk_nodes
+                    for meta in (_chunk_metadata(n.metadata),)
+                ]
                 self.manifest.put_note(record, source, self.model, self.chunker_id, [n.id_ for n in chunk_nodes])
             self.manifest.put_chunks(rows)
         self.index.mark_written()
@@ -230,6 +236,44 @@ class _Applier:
             log.info("dropped collection %s (no note uses its model any more)", name)
 
 
+def keyword_stamp(manifest: Manifest) -> str:
+    return f"{manifest.generation()}/{TOKENIZER_VERSION}"
+
+
+def refresh_keyword_index(settings: Settings, manifest: Manifest) -> bool:
+    """Rebuild and save the BM25 index when chunks changed since it was saved. Returns whether it rebuilt."""
+    from rag_app.keyword import KeywordIndex
+
+    stamp = keyword_stamp(manifest)
+    directory = settings.home / "bm25"
+    if (directory / "ids.json").exists() and _saved_stamp(directory) == stamp:
+        return False
+    index = KeywordIndex.build(load_keyword_rows(manifest))
+    index.save(directory, stamp)
+    return True
+
+
+def _saved_stamp(directory: Path) -> str | None:
+    try:
+        return json.loads((directory / "ids.json").read_text(encoding="utf-8")).get("stamp")
+    except (OSError, ValueError):
+        return None
+
+
+def load_keyword_rows(manifest: Manifest) -> list[tuple[str, list[str]]]:
+    """Cached tokens of every chunk; chunks written before tokens were cached get them now (once)."""
+    rows, missing = [], []
+    for chunk_id, tokens, text, metadata in manifest.chunk_tokens():
+        if tokens is None:
+            tokens = " ".join(tokenize(chunk_index_text(text, json.loads(metadata))))
+            missing.append((chunk_id, tokens))
+        rows.append((chunk_id, tokens.split()))
+    if missing:
+        with manifest.transaction():
+            manifest.set_tokens(missing)
+    return rows
+
+
 def _chunk_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in metadata.items() if not k.startswith("_")}
 
@@ -254,6 +298,7 @@ def sync_sources(
                 if on_source:
                     on_source(source_report)
             applier.finish()
+            refresh_keyword_index(settings, manifest)
         finally:
             manifest.close()
     report.seconds = time.monotonic() - started

@@ -46,3 +46,27 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     for var in ("BRAIN_HOME", "BRAIN_STORE_URL", "CFLOW_API_TOKEN", "MEMOS_TOKEN"):
         monkeypatch.delenv(var, raising=False)
     return path
+
+
+@pytest.fixture(scope="session")
+def sample_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bundled sample vault synced once per session with the default model (e5-small), for retrieval tests."""
+    from rag_app.engine import Brain
+
+    path = tmp_path_factory.mktemp("sample-home")
+    brain = Brain(path)
+    report = brain.sync(vaults=(str(SAMPLE_VAULT),))
+    assert not report.failed
+    return path
+
+
+@pytest.fixture
+def sample_brain(sample_home: Path, monkeypatch: pytest.MonkeyPatch):
+    """A Brain over the synced sample vault, no LLM configured."""
+    from rag_app.engine import Brain
+
+    for var in ("LLM_BASE_URL", "LLM_MODEL", "LLM_API_KEY", "OPENAI_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    brain = Brain(sample_home)
+    yield brain
+    brain.close()

@@ -1,0 +1,168 @@
+"""Offline fusion tuning: cache each channel's ranked chunks per query once, then score fusion variants in seconds.
+
+Not the benchmark (that is retrieval_bench.py, through the real search path); this is the workbench behind the
+defaults in RetrievalConfig. usage: python bench/fusion_tuning.py [--model e5-small] SET...
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import pickle
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from eval_sets import load_set, materialise  # noqa: E402
+from metrics import summarise  # noqa: E402
+
+from rag_app.config import load_settings  # noqa: E402
+from rag_app.keyword import tokenize  # noqa: E402
+from rag_app.retrieve import KeywordRetriever, SearchIndex, VectorRetriever  # noqa: E402
+
+OUT = Path(__file__).parent / "out"
+Hits = list[tuple[str, float, str]]  # chunk id, score, note path
+
+
+def channel_cache(shared: Path, name: str, model: str) -> dict:
+    path = OUT / "cache" / f"{name}-{model}.pkl"
+    if path.exists():
+        return pickle.loads(path.read_bytes())
+    eval_set = materialise(shared, load_set(shared, name), OUT)
+    index = SearchIndex(load_settings(OUT / "homes" / f"{name}-{model}"))
+    keyword = index.keyword()
+    df = np.asarray((index.keyword().bm25.scores["indptr"][1:] - index.keyword().bm25.scores["indptr"][:-1]))
+    vocab = keyword.bm25.vocab_dict
+    n_docs = len(keyword.ids)
+    cache = {"queries": {}, "qrels": eval_set.qrels, "path_to_doc": eval_set.path_to_doc}
+    for query_id, text in eval_set.queries.items():
+        rows = {}
+        for channel, retriever in (("bm25", KeywordRetriever(index, 50, None)), ("vector", VectorRetriever(index, 50, None))):
+            nodes = retriever.retrieve(text)
+            rows[channel] = [(n.node.node_id, float(n.score), n.node.metadata["path"]) for n in nodes]
+        tokens = tokenize(text)
+        idf = [math.log(1 + (n_docs - df[vocab[t]] + 0.5) / (df[vocab[t]] + 0.5)) if t in vocab else None for t in tokens]
+        rows["tokens"], rows["idf"] = tokens, idf
+        top = rows["bm25"][0][0] if rows["bm25"] else None
+        rows["top_tokens"] = set(index.manifest.db.execute("SELECT tokens FROM chunks WHERE chunk_id = ?", (top,))
+                                 .fetchone()[0].split()) if top else set()
+        cache["queries"][query_id] = rows
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pickle.dumps(cache))
+    return cache
+
+
+def to_notes(ranked: list[tuple[str, str]], path_to_doc: dict[str, str], k: int = 10) -> list[str]:
+    out: list[str] = []
+    for _, path in ranked:
+        doc = path_to_doc.get(path, path)
+        if doc not in out:
+            out.append(doc)
+        if len(out) == k:
+            break
+    return out
+
+
+def rrf(lists: list[tuple[Hits, float]], k: int) -> list[tuple[str, str]]:
+    fused: dict[str, float] = {}
+    paths: dict[str, str] = {}
+    for hits, weight in lists:
+        for rank, (cid, _, path) in enumerate(hits):
+            fused[cid] = fused.get(cid, 0) + weight / (k + rank + 1)
+            paths[cid] = path
+    return [(c, paths[c]) for c in sorted(fused, key=fused.get, reverse=True)]
+
+
+def coverage(row: dict) -> float:
+    """IDF-weighted share of the query's terms that the top BM25 chunk contains (unknown terms count fully)."""
+    idf = row["idf"]
+    if not idf:
+        return 0.0
+    max_idf = max([i for i in idf if i is not None], default=10.0)
+    total = sum(i if i is not None else max_idf for i in idf)
+    got = sum(i for t, i in zip(row["tokens"], idf, strict=True) if i is not None and t in row["top_tokens"])
+    return got / total if total else 0.0
+
+
+def zconf(hits: Hits) -> float:
+    if len(hits) < 3:
+        return 1.0 if hits else 0.0
+    s = np.array([h[1] for h in hits])
+    return float((s[0] - s[1:].mean()) / (s[1:].std() or 1e-6))
+
+
+VARIANTS: dict[str, Callable[[dict, dict], list[tuple[str, str]]]] = {}
+
+
+def variant(name: str):
+    def register(fn):
+        VARIANTS[name] = fn
+        return fn
+    return register
+
+
+@variant("bm25")
+def _bm25(row, p):
+    return [(c, path) for c, _, path in row["bm25"]]
+
+
+@variant("vector")
+def _vector(row, p):
+    return [(c, path) for c, _, path in row["vector"]]
+
+
+@variant("rrf60")
+def _rrf(row, p):
+    return rrf([(row["bm25"], 1.0), (row["vector"], 1.0)], 60)
+
+
+@variant("cov^a")
+def _cov(row, p):
+    w = coverage(row) ** p["a"]
+    return rrf([(row["bm25"], w * p["wb"]), (row["vector"], 1.0)], p["k"])
+
+
+@variant("cov^a+z")
+def _covz(row, p):
+    w = coverage(row) ** p["a"]
+    zb, zv = zconf(row["bm25"]), zconf(row["vector"])
+    return rrf([(row["bm25"], w * p["wb"] * min(2, max(0.2, zb / 3))), (row["vector"], min(2, max(0.2, zv / 3)))],
+               p["k"])
+
+
+def evaluate(cache: dict, fn, params: dict) -> float:
+    runs = []
+    for query_id, row in cache["queries"].items():
+        runs.append((to_notes(fn(row, params), cache["path_to_doc"]), cache["qrels"][query_id]))
+    return summarise(runs)["ndcg@10"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("sets", nargs="+")
+    parser.add_argument("--shared", default=str(Path(__file__).resolve().parents[2] / "shared"))
+    parser.add_argument("--model", default="e5-small")
+    args = parser.parse_args()
+    caches = {name: channel_cache(Path(args.shared), name, args.model) for name in args.sets}
+    grid = [{"a": a, "wb": wb, "k": k} for a in (1, 2, 3, 4) for wb in (0.5, 1.0, 1.5) for k in (10, 30, 60)]
+    print("variant params " + " ".join(args.sets))
+    for name in ("bm25", "vector", "rrf60"):
+        print(name, "-", " ".join(f"{evaluate(c, VARIANTS[name], {}):.3f}" for c in caches.values()))
+    for name in ("cov^a", "cov^a+z"):
+        scored = []
+        for params in grid:
+            values = [evaluate(c, VARIANTS[name], params) for c in caches.values()]
+            scored.append((min(v - max(evaluate(c, VARIANTS['bm25'], {}), evaluate(c, VARIANTS['vector'], {}))
+                               for v, c in zip(values, caches.values(), strict=True)), params, values))
+        scored.sort(key=lambda s: s[0], reverse=True)
+        for margin, params, values in scored[:5]:
+            print(name, params, " ".join(f"{v:.3f}" for v in values), f"min margin {margin:+.3f}")
+
+
+if __name__ == "__main__":
+    main()

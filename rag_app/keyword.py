@@ -1,0 +1,175 @@
+"""The keyword channel: a tokenizer that segments Chinese (jieba, Traditional folded to Simplified) and English
+(lowercase, light stemming, identifiers kept whole), and a bm25s index over cached chunk tokens.
+
+Stock LlamaIndex BM25 turns a run of Han characters into one token, so Chinese queries score ~0; here tokens are
+computed once per chunk at sync time, so rebuilding the index after a sync is fast and a search process only loads it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import unicodedata
+from collections.abc import Iterable
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+TOKENIZER_VERSION = "kw-v1"
+_RUNS = re.compile(r"([\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+)|([a-z0-9]+(?:[._\-/:@][a-z0-9]+)*)")
+_WORD = re.compile(r"[a-z0-9]+")
+_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+EN_STOPWORDS = frozenset(
+    "a an and are as at be been but by can could did do does doing for from had has have how i if in into is it its "
+    "me my of on or our so than that the their them then there these they this to was we were what when where which "
+    "who whom why will with would you your about after again all also am any because before being between both did "
+    "down during each few further he her here hers him his itself just more most no nor not now off once only other "
+    "out over own same she should some such through too under until up very while yours".split()
+)
+ZH_STOPWORDS = frozenset(
+    "的 了 和 是 在 我 有 也 就 都 而 及 与 着 或 一个 没有 我们 你们 他们 她们 它们 这个 那个 这些 那些 之 "
+    "吗 呢 吧 啊 哦 把 被 让 给 对 从 向 于 以 为 所 其 但 并 很 还 又 再 已 已经 么 什么 怎么 如何 哪些 哪个 "
+    "是否 可以 一下 一些 这 那 你 他 她 它 之后 之前 关于 相关".split()
+)
+
+
+@lru_cache(maxsize=1)
+def _jieba() -> Any:
+    import jieba
+
+    jieba.setLogLevel(60)
+    jieba.initialize()
+    return jieba
+
+
+@lru_cache(maxsize=1)
+def _stemmer() -> Any:
+    import Stemmer
+
+    return Stemmer.Stemmer("english")
+
+
+def to_simplified(text: str) -> str:
+    """Fold Traditional to Simplified only when the text has Han characters (zhconv is slow on long Latin text)."""
+    if not _HAN.search(text):
+        return text
+    import zhconv
+
+    return zhconv.convert(text, "zh-cn")
+
+
+def tokenize(text: str, bigrams: bool = True) -> list[str]:
+    """Tokens for BM25: jieba search-mode words (+ Han bigrams), English stems, identifiers whole and in parts."""
+    text = to_simplified(unicodedata.normalize("NFKC", text).lower())
+    tokens: list[str] = []
+    jieba = None
+    for match in _RUNS.finditer(text):
+        han, latin = match.groups()
+        if han:
+            jieba = jieba or _jieba()
+            words = [w for w in jieba.cut_for_search(han) if w not in ZH_STOPWORDS]
+            tokens.extend(words)
+            if bigrams and len(han) > 2:
+                seen = set(words)
+                tokens.extend(b for b in (han[i : i + 2] for i in range(len(han) - 1)) if b not in seen)
+            continue
+        words = _WORD.findall(latin)
+        if len(words) > 1:
+            tokens.append(latin)
+        kept = [w for w in words if w not in EN_STOPWORDS and (len(w) > 1 or w.isdigit())]
+        tokens.extend(_stemmer().stemWords(kept) if kept else [])
+    return tokens
+
+
+def chunk_index_text(text: str, metadata: dict[str, Any]) -> str:
+    """What BM25 sees of a chunk: title, heading and tags as well as the text (titles and tags are strong signals)."""
+    tags = " ".join(json.loads(metadata.get("tags") or "[]")) if metadata.get("tags") else ""
+    return "\n".join(str(v) for v in (metadata.get("title"), metadata.get("heading"), tags, text) if v)
+
+
+class KeywordIndex:
+    """bm25s over chunk tokens; `ids[i]` is the chunk id of row i. Saved under `<home>/bm25/` with a stamp."""
+
+    def __init__(self, ids: list[str], bm25: Any):
+        self.ids = ids
+        self.bm25 = bm25
+        self.row = {chunk_id: i for i, chunk_id in enumerate(ids)}
+        self._df: np.ndarray | None = None
+
+    def idf(self, token: str) -> float | None:
+        """Inverse document frequency of a token, or None when no chunk has it."""
+        column = self.bm25.vocab_dict.get(token) if self.ids else None
+        if column is None:
+            return None
+        if self._df is None:
+            indptr = np.asarray(self.bm25.scores["indptr"])
+            self._df = indptr[1:] - indptr[:-1]
+        df = float(self._df[column])
+        return float(np.log(1 + (len(self.ids) - df + 0.5) / (df + 0.5))) if df else None
+
+    @staticmethod
+    def build(rows: Iterable[tuple[str, list[str]]]) -> KeywordIndex:
+        import bm25s
+
+        ids: list[str] = []
+        corpus: list[list[str]] = []
+        for chunk_id, tokens in rows:
+            ids.append(chunk_id)
+            corpus.append(tokens or ["\u2205"])
+        bm25 = bm25s.BM25(k1=1.2, b=0.75)
+        if corpus:
+            bm25.index(corpus, show_progress=False)
+        return KeywordIndex(ids, bm25)
+
+    def save(self, directory: Path, stamp: str) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp = directory.with_name(directory.name + ".tmp")
+        if tmp.exists():
+            import shutil
+
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        if self.ids:
+            self.bm25.save(str(tmp), show_progress=False)
+        (tmp / "ids.json").write_text(json.dumps({"stamp": stamp, "ids": self.ids}), encoding="utf-8")
+        import shutil
+
+        old = directory.with_name(directory.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        directory.rename(old)
+        tmp.rename(directory)
+        shutil.rmtree(old, ignore_errors=True)
+
+    @staticmethod
+    def load(directory: Path, stamp: str) -> KeywordIndex | None:
+        """The saved index if it matches `stamp` (the manifest's chunk generation), else None."""
+        meta_path = directory / "ids.json"
+        if not meta_path.exists():
+            return None
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except ValueError:
+            return None
+        if meta.get("stamp") != stamp:
+            return None
+        import bm25s
+
+        if not meta["ids"]:
+            return KeywordIndex([], bm25s.BM25())
+        return KeywordIndex(meta["ids"], bm25s.BM25.load(str(directory), mmap=False, show_progress=False))
+
+    def search(self, query_tokens: list[str], k: int, allowed: np.ndarray | None = None) -> list[tuple[str, float]]:
+        """Top-k (chunk id, score) with score > 0; `allowed` is a 0/1 mask over rows (filters)."""
+        if not self.ids or not query_tokens:
+            return []
+        vocab = self.bm25.vocab_dict
+        known = [t for t in query_tokens if t in vocab]
+        if not known:
+            return []
+        k = min(k, len(self.ids))
+        docs, scores = self.bm25.retrieve(
+            [known], k=k, show_progress=False, weight_mask=allowed, n_threads=0
+        )
+        return [(self.ids[int(d)], float(s)) for d, s in zip(docs[0], scores[0], strict=True) if s > 0]

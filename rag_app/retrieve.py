@@ -1,0 +1,498 @@
+"""Hybrid retrieval: BM25 (jieba) + vector (Chroma) fused by a QueryFusionRetriever subclass, then dedup, per-note
+collapse, excerpts and citations. The one place that ranks.
+
+QueryFusionRetriever's own reciprocal-rank fusion dedups on node *content* (identical text in two notes collapses
+into one, losing a citation), fixes k=60 and ignores channel weights; the subclass fuses on chunk ids, with the
+constant and weights from the config, and can weight each channel by how confident it is for this query.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.llms import MockLLM
+from llama_index.core.retrievers import QueryFusionRetriever
+from llama_index.core.retrievers.fusion_retriever import FUSION_MODES
+from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
+
+from rag_app.config import Settings
+from rag_app.keyword import KeywordIndex, tokenize
+from rag_app.manifest import Manifest
+from rag_app.time_phrases import extract_time_range
+from readers.records import decode_list
+
+MAX_QUERY_CHARS = 2000
+EXCERPT_CHARS = 300
+VARIANT_LINE = re.compile(r"^\s*(?:[-*•]|\(?\d{1,2}[.、)）:：]|[（(]\d{1,2}[)）]|q\d+[:.]?)\s*", re.IGNORECASE)
+
+
+class SearchError(ValueError):
+    """The query or its filters cannot be searched; the message says why."""
+
+
+@dataclass
+class RetrievalConfig:
+    """[retrieval] in config.toml. Defaults were tuned on the dev sets in ../shared/eval (see docs/retrieval.md)."""
+
+    fusion: str = "adaptive"
+    rrf_k: int = 60
+    bm25_weight: float = 1.0
+    vector_weight: float = 1.0
+    candidates: int = 50
+    chunks_per_note: int = 3
+    num_queries: int = 1
+    coverage_power: float = 1.0
+
+    @staticmethod
+    def from_settings(settings: Settings) -> RetrievalConfig:
+        config = RetrievalConfig()
+        for key, value in settings.retrieval.items():
+            if not hasattr(config, key):
+                raise SearchError(f"[retrieval] has no setting {key!r}")
+            setattr(config, key, type(getattr(config, key))(value))
+        if config.fusion not in ("adaptive", "rrf"):
+            raise SearchError(f"retrieval.fusion must be 'adaptive' or 'rrf', got {config.fusion!r}")
+        return config
+
+
+@dataclass
+class SearchFilters:
+    sources: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
+    path_prefix: str = ""
+    since: dt.date | None = None
+    until: dt.date | None = None
+
+    @property
+    def active(self) -> bool:
+        return bool(self.sources or self.tags or self.path_prefix or self.since or self.until)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sources": list(self.sources),
+            "tags": list(self.tags),
+            "path_prefix": self.path_prefix or None,
+            "since": self.since.isoformat() if self.since else None,
+            "until": self.until.isoformat() if self.until else None,
+        }
+
+
+@dataclass
+class _Timing:
+    embed_ms: float = 0.0
+
+
+class SearchIndex:
+    """What a search reads, opened once per process and reused (warm searches pay no start-up)."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.config = RetrievalConfig.from_settings(settings)
+        self.manifest = Manifest(settings.manifest_path)
+        self._keyword: KeywordIndex | None = None
+        self._keyword_stamp = ""
+        self._collection: Any = None
+        self._embed: Any = None
+        self._attributes: dict[str, tuple[str, dict[str, Any]]] | None = None
+        self._attr_stamp = ""
+        self._query_vectors: dict[str, list[float]] = {}
+        self.timing = _Timing()
+
+    def close(self) -> None:
+        self.manifest.close()
+
+    @property
+    def stamp(self) -> str:
+        from rag_app.sync import keyword_stamp
+
+        return keyword_stamp(self.manifest)
+
+    def keyword(self) -> KeywordIndex:
+        """The saved BM25 index when current; otherwise rebuilt in memory from cached tokens (a sync is running)."""
+        stamp = self.stamp
+        if self._keyword is None or self._keyword_stamp != stamp:
+            from rag_app.sync import load_keyword_rows
+
+            loaded = KeywordIndex.load(self.settings.home / "bm25", stamp)
+            self._keyword = loaded or KeywordIndex.build(load_keyword_rows(self.manifest))
+            self._keyword_stamp = stamp
+        return self._keyword
+
+    def collection(self) -> Any:
+        if self._collection is None:
+            from rag_app.store import collection_name, open_chroma
+
+            client = open_chroma(self.settings)
+            try:
+                self._collection = client.get_collection(collection_name(self.settings.embedding_model))
+            except Exception:  # no collection yet: nothing synced with this model
+                return None
+        return self._collection
+
+    def embed_query(self, text: str) -> list[float]:
+        if text not in self._query_vectors:
+            if self._embed is None:
+                from rag_app.embeddings import load_embedding
+
+                self._embed = load_embedding(self.settings.embedding_model)
+            started = time.perf_counter()
+            self._query_vectors[text] = self._embed.get_query_embedding(text)
+            self.timing.embed_ms += (time.perf_counter() - started) * 1000
+        return self._query_vectors[text]
+
+    def attributes(self) -> dict[str, tuple[str, dict[str, Any]]]:
+        """chunk id → (note id, metadata), for filters; reloaded when the index changed."""
+        stamp = self.stamp
+        if self._attributes is None or self._attr_stamp != stamp:
+            self._attributes = {c: (n, json.loads(m)) for c, n, m in self.manifest.note_attributes()}
+            self._attr_stamp = stamp
+        return self._attributes
+
+    def allowed(self, filters: SearchFilters) -> set[str] | None:
+        """Chunk ids that pass the filters, or None when no filter is set."""
+        if not filters.active:
+            return None
+        return {chunk_id for chunk_id, (_, meta) in self.attributes().items() if _passes(meta, filters)}
+
+    def nodes(self, scored: list[tuple[str, float]]) -> list[NodeWithScore]:
+        rows = self.manifest.chunks_by_id([c for c, _ in scored])
+        out = []
+        for chunk_id, score in scored:
+            if chunk_id in rows:
+                note_id, text, meta = rows[chunk_id]
+                out.append(NodeWithScore(node=TextNode(id_=chunk_id, text=text, metadata=meta), score=score))
+        return out
+
+
+def _note_date(meta: dict[str, Any]) -> dt.date | None:
+    for key in ("created_ts", "updated_ts", "mtime_ts"):
+        if isinstance(meta.get(key), int):
+            return dt.datetime.fromtimestamp(meta[key], tz=dt.UTC).date()
+    return None
+
+
+def _passes(meta: dict[str, Any], filters: SearchFilters) -> bool:
+    if filters.sources and meta.get("source") not in filters.sources and meta.get("kind") not in filters.sources:
+        return False
+    if filters.tags:
+        tags = {t.lower() for t in decode_list(meta.get("tags"))}
+        wanted = {t.lower().lstrip("#") for t in filters.tags}
+        if not any(t in tags or any(x.startswith(t + "/") for x in tags) for t in wanted):
+            return False
+    if filters.path_prefix and not str(meta.get("path") or "").startswith(filters.path_prefix):
+        return False
+    if filters.since or filters.until:
+        day = _note_date(meta)
+        if day is None or (filters.since and day < filters.since) or (filters.until and day > filters.until):
+            return False
+    return True
+
+
+class KeywordRetriever(BaseRetriever):
+    """BM25 over jieba/English tokens of title, heading, tags and text."""
+
+    def __init__(self, index: SearchIndex, top_k: int, allowed: set[str] | None):
+        super().__init__()
+        self.index, self.top_k, self.allowed = index, top_k, allowed
+        self.coverage: dict[str, float] = {}
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        tokens = tokenize(query_bundle.query_str)
+        hits = self._search(tokens)
+        self.coverage[query_bundle.query_str] = self._coverage(tokens, hits[0][0]) if hits else 0.0
+        return self.index.nodes(hits)
+
+    def _coverage(self, tokens: list[str], top_chunk: str) -> float:
+        """IDF-weighted share of the query's terms present in the best chunk; terms no note has count in full.
+
+        Low coverage means BM25 matched only common or partial words: its ranking says little about meaning.
+        """
+        keyword = self.index.keyword()
+        idfs = [keyword.idf(t) for t in tokens]
+        known = [i for i in idfs if i is not None]
+        if not known:
+            return 0.0
+        ceiling = max(known)
+        have = set(self.index.manifest.chunk_token_set(top_chunk))
+        total = sum(i if i is not None else ceiling for i in idfs)
+        got = sum(i for t, i in zip(tokens, idfs, strict=True) if i is not None and t in have)
+        return got / total if total else 0.0
+
+    def _search(self, tokens: list[str]) -> list[tuple[str, float]]:
+        keyword = self.index.keyword()
+        mask = None
+        if self.allowed is not None:
+            mask = np.zeros(len(keyword.ids), dtype=np.float32)
+            for chunk_id in self.allowed:
+                row = keyword.row.get(chunk_id)
+                if row is not None:
+                    mask[row] = 1.0
+            if not mask.any():
+                return []
+        return keyword.search(tokens, self.top_k, mask)
+
+
+class VectorRetriever(BaseRetriever):
+    """Cosine similarity in the Chroma collection; with filters, exact scoring over the allowed chunks when few."""
+
+    EXACT_LIMIT = 5000
+
+    def __init__(self, index: SearchIndex, top_k: int, allowed: set[str] | None):
+        super().__init__()
+        self.index, self.top_k, self.allowed = index, top_k, allowed
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        collection = self.index.collection()
+        if collection is None or collection.count() == 0 or (self.allowed is not None and not self.allowed):
+            return []
+        vector = self.index.embed_query(query_bundle.query_str)
+        if self.allowed is not None and len(self.allowed) <= self.EXACT_LIMIT:
+            got = collection.get(ids=sorted(self.allowed), include=["embeddings"])
+            if not len(got["ids"]):
+                return []
+            sims = np.asarray(got["embeddings"], dtype=np.float32) @ np.asarray(vector, dtype=np.float32)
+            order = np.argsort(-sims)[: self.top_k]
+            return self.index.nodes([(got["ids"][i], float(sims[i])) for i in order])
+        n = min(self.top_k * (4 if self.allowed is not None else 1), collection.count())
+        got = collection.query(query_embeddings=[vector], n_results=n, include=["distances"])
+        pairs = [(cid, 1.0 - float(d)) for cid, d in zip(got["ids"][0], got["distances"][0], strict=True)]
+        if self.allowed is not None:
+            pairs = [p for p in pairs if p[0] in self.allowed]
+        return self.index.nodes(pairs[: self.top_k])
+
+
+def parse_variants(text: str, limit: int) -> list[str]:
+    """Query variants from an LLM reply: one per line, numbering like "1." "1、" "(1)" "-" stripped."""
+    out: list[str] = []
+    for line in text.strip().strip("`").splitlines():
+        line = VARIANT_LINE.sub("", line).strip().strip('"“”')
+        if line and not line.endswith((":", "：")) and line not in out:
+            out.append(line)
+    return out[:limit]
+
+
+class NoteFusionRetriever(QueryFusionRetriever):
+    """Reciprocal-rank fusion keyed on chunk ids, with configurable constant and channel weights.
+
+    `fusion="adaptive"` scales each channel's contribution per query by its confidence: how far its best score
+    stands above the rest of its list, and for BM25 how much of the query its best chunk covers (IDF-weighted), so a
+    keyword list built on one common word does not outvote a confident vector match.
+    """
+
+    def __init__(self, retrievers: list[BaseRetriever], names: list[str], config: RetrievalConfig,
+                 llm: Any = None, variants: list[str] | None = None):
+        self.names = names
+        self.config = config
+        self.variants = [v for v in (variants or []) if v.strip()]
+        num_queries = 1 + len(self.variants) if self.variants else (config.num_queries if llm is not None else 1)
+        weights = [config.bm25_weight if n == "bm25" else config.vector_weight for n in names]
+        super().__init__(
+            retrievers,
+            llm=llm or MockLLM(),
+            mode=FUSION_MODES.RECIPROCAL_RANK,
+            similarity_top_k=config.candidates,
+            num_queries=num_queries,
+            use_async=False,
+            retriever_weights=weights,
+            query_gen_prompt=QUERY_GEN_PROMPT,
+        )
+        self.queries_run: list[str] = []
+        self.channel_hits: dict[str, int] = {n: 0 for n in names}
+        self.channel_weights: dict[str, list[float]] = {n: [] for n in names}
+
+    def _get_queries(self, original_query: str) -> list[QueryBundle]:
+        if self.variants:
+            return [QueryBundle(v) for v in self.variants]
+        prompt = self.query_gen_prompt.format(num_queries=self.num_queries - 1, query=original_query)
+        try:
+            reply = self._llm.complete(prompt).text
+        except Exception:  # the LLM is optional here: no variants, search still answers
+            return []
+        return [QueryBundle(v) for v in parse_variants(reply, self.num_queries - 1) if v != original_query]
+
+    def _reciprocal_rerank_fusion(self, results: dict[tuple[str, int], list[NodeWithScore]]) -> list[NodeWithScore]:
+        fused: dict[str, float] = {}
+        nodes: dict[str, NodeWithScore] = {}
+        for (query, i), hits in results.items():
+            if query not in self.queries_run:
+                self.queries_run.append(query)
+            name = self.names[i]
+            self.channel_hits[name] += len(hits)
+            weight = self._retriever_weights[i]
+            if self.config.fusion == "adaptive":
+                weight *= self._confidence(hits)
+                coverage = getattr(self._retrievers[i], "coverage", {}).get(query)
+                if coverage is not None:
+                    weight *= coverage**self.config.coverage_power
+            self.channel_weights[name].append(round(weight, 3))
+            for rank, hit in enumerate(hits):
+                chunk_id = hit.node.node_id
+                fused[chunk_id] = fused.get(chunk_id, 0.0) + weight / (self.config.rrf_k + rank + 1)
+                nodes.setdefault(chunk_id, hit)
+        ranked = sorted(fused, key=lambda c: fused[c], reverse=True)
+        return [NodeWithScore(node=nodes[c].node, score=fused[c]) for c in ranked]
+
+    @staticmethod
+    def _confidence(hits: list[NodeWithScore]) -> float:
+        """How far the best score stands above the rest of the list, in standard deviations (clipped)."""
+        if len(hits) < 3:
+            return 1.0 if hits else 0.0
+        scores = np.array([h.score or 0.0 for h in hits], dtype=np.float64)
+        rest = scores[1:]
+        return float(np.clip((scores[0] - rest.mean()) / (rest.std() or 1e-6) / 3.0, 0.2, 2.0))
+
+
+QUERY_GEN_PROMPT = (
+    "You help search a person's notes, written in Chinese and English. Write {num_queries} alternative search "
+    "queries for the question below: rephrase it, use synonyms, and include at least one in the other language "
+    "(Chinese ↔ English). One query per line, no numbering, no commentary.\n"
+    "Question: {query}\nQueries:\n"
+)
+
+
+@dataclass
+class SearchResponse:
+    query: str
+    results: list[dict[str, Any]]
+    coverage: dict[str, Any]
+    timing: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"query": self.query, "results": self.results, "coverage": self.coverage}
+
+
+def clean_query(query: str) -> str:
+    """Reject what cannot be searched; trim what is merely too long (a pasted page)."""
+    if not isinstance(query, str):
+        raise SearchError("the query must be text")
+    query = query.replace("\x00", " ").strip()
+    if not query:
+        raise SearchError("the query is empty")
+    return query[:MAX_QUERY_CHARS]
+
+
+def search(
+    index: SearchIndex,
+    query: str,
+    k: int = 8,
+    filters: SearchFilters | None = None,
+    mode: str = "hybrid",
+    variants: list[str] | None = None,
+    llm: Any = None,
+    today: dt.date | None = None,
+) -> SearchResponse:
+    """Top-k notes for a query, each with its best chunks, an excerpt and where it came from."""
+    started = time.perf_counter()
+    index.timing = _Timing()
+    query = clean_query(query)
+    if not 1 <= k <= 100:
+        raise SearchError(f"k must be between 1 and 100, got {k}")
+    if mode not in ("hybrid", "bm25", "vector"):
+        raise SearchError(f"mode must be hybrid, bm25 or vector, got {mode!r}")
+    filters = filters or SearchFilters()
+    text, time_range = extract_time_range(query, today)
+    if time_range and not (filters.since or filters.until):
+        filters = SearchFilters(filters.sources, filters.tags, filters.path_prefix, time_range.since, time_range.until)
+    else:
+        text, time_range = query, None
+    allowed = index.allowed(filters)
+    config = index.config
+    channels: list[tuple[str, BaseRetriever]] = []
+    if mode in ("hybrid", "bm25"):
+        channels.append(("bm25", KeywordRetriever(index, config.candidates, allowed)))
+    if mode in ("hybrid", "vector"):
+        channels.append(("vector", VectorRetriever(index, config.candidates, allowed)))
+    fusion = NoteFusionRetriever([r for _, r in channels], [n for n, _ in channels], config, llm=llm,
+                                 variants=[clean_query(v) for v in variants or []])
+    fused = fusion.retrieve(text)
+    results = collapse(index, fused, k, config.chunks_per_note, text)
+    total_ms = (time.perf_counter() - started) * 1000
+    coverage = {
+        "mode": mode,
+        "channels": {name: {"hits": fusion.channel_hits[name], "weights": fusion.channel_weights[name]}
+                     for name, _ in channels},
+        "queries": fusion.queries_run or [text],
+        "expanded": len(fusion.queries_run) > 1,
+        "filters": filters.to_dict(),
+        "time_phrase": time_range.to_dict() if time_range else None,
+        "notes_considered": len({n.node.metadata.get("note_id") for n in fused}),
+    }
+    return SearchResponse(query, results, coverage,
+                          {"total_ms": total_ms, "embed_ms": index.timing.embed_ms,
+                           "ours_ms": total_ms - index.timing.embed_ms})
+
+
+def collapse(index: SearchIndex, fused: list[NodeWithScore], k: int, per_note: int, query: str) -> list[dict[str, Any]]:
+    """Fused chunks → notes (best chunk first); identical notes collapse into one result that lists the others."""
+    by_note: dict[str, list[NodeWithScore]] = {}
+    for hit in fused:
+        by_note.setdefault(str(hit.node.metadata.get("note_id")), []).append(hit)
+    order = sorted(by_note, key=lambda n: by_note[n][0].score or 0.0, reverse=True)
+    texts = index.manifest.chunks_of_notes(order[: k * 3])
+    seen_hash: dict[str, dict[str, Any]] = {}
+    results: list[dict[str, Any]] = []
+    terms = _highlight_terms(query)
+    for note_id in order:
+        if len(results) >= k:
+            break
+        body = "\n".join(texts.get(note_id, []))
+        digest = hashlib.sha256(re.sub(r"\s+", " ", body).strip().encode()).hexdigest() if body else note_id
+        if digest in seen_hash:
+            seen_hash[digest]["duplicates"].append(note_id)
+            continue
+        hits = by_note[note_id][:per_note]
+        result = _result(note_id, hits, terms)
+        seen_hash[digest] = result
+        results.append(result)
+    return results
+
+
+def _result(note_id: str, hits: list[NodeWithScore], terms: list[str]) -> dict[str, Any]:
+    meta = hits[0].node.metadata
+    result: dict[str, Any] = {
+        "note_id": note_id,
+        "source": meta.get("source"),
+        "kind": meta.get("kind"),
+        "title": meta.get("title"),
+        "score": round(float(hits[0].score or 0.0), 6),
+    }
+    if meta.get("kind") == "memos":
+        result.update(memo_id=meta.get("memo_id"), url=meta.get("url"), visibility=meta.get("visibility"))
+    else:
+        result["path"] = meta.get("path")
+    result.update(
+        excerpt=excerpt(hits[0].node.get_content(), terms),
+        chunks=[{"chunk_id": h.node.node_id, "heading": h.node.metadata.get("heading") or "",
+                 "score": round(float(h.score or 0.0), 6), "text": h.node.get_content()} for h in hits],
+        tags=decode_list(meta.get("tags")),
+        created=meta.get("created"),
+        updated=meta.get("updated") or meta.get("mtime"),
+        duplicates=[],
+    )
+    return result
+
+
+def _highlight_terms(query: str) -> list[str]:
+    terms = [t for t in tokenize(query, bigrams=False) if len(t) > 1]
+    return sorted(set(terms), key=len, reverse=True)
+
+
+def excerpt(text: str, terms: list[str], limit: int = EXCERPT_CHARS) -> str:
+    """At most `limit` characters of the chunk, centred on the first query term found (else its start)."""
+    flat = re.sub(r"\s+", " ", text).strip()
+    if len(flat) <= limit:
+        return flat
+    lowered = flat.lower()
+    positions = [p for p in (lowered.find(t) for t in terms) if p >= 0]
+    start = max(0, min(positions) - limit // 3) if positions else 0
+    start = min(start, len(flat) - limit)
+    piece = flat[start : start + limit - 2]
+    return ("…" if start > 0 else "") + piece + ("…" if start + len(piece) < len(flat) else "")

@@ -1,0 +1,188 @@
+"""Hybrid search over the sample vault (default model): meaning and words, both scripts, citations, filters."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rag_app.engine import Brain, SearchError
+from rag_app.retrieve import excerpt, parse_variants
+from tests.conftest import REPO, SAMPLE_VAULT
+from tests.doubles.openai_server import OpenAIDouble
+
+
+def top(brain: Brain, query: str, k: int = 5, **kwargs) -> list[str]:
+    return [r["path"] for r in brain.search(query, k, **kwargs).results]
+
+
+def test_meaning_finds_a_note_that_never_says_the_words(sample_brain):
+    """"观影" appears nowhere in the vault; the film list must still come first."""
+    assert "观影" not in (SAMPLE_VAULT / "生活/电影清单.md").read_text(encoding="utf-8")
+    response = sample_brain.search("观影", 5)
+    assert response.results[0]["path"] == "生活/电影清单.md"
+    assert response.coverage["channels"]["bm25"]["hits"] == 0
+
+
+def test_english_paraphrase_only_the_vector_channel_can_find(sample_brain):
+    text = (SAMPLE_VAULT / "health/habits.md").read_text(encoding="utf-8").lower()
+    assert "insomnia" not in text
+    assert top(sample_brain, "how to fix insomnia", 3, mode="bm25")[:1] != ["health/habits.md"]
+    assert top(sample_brain, "how to fix insomnia", 3)[0] == "health/habits.md"
+
+
+def test_exact_identifier_is_found_by_bm25_and_kept_by_hybrid(sample_brain):
+    assert top(sample_brain, "ERR_CONN_RESET_4471", 1, mode="bm25") == ["work/incident-2024-03-payment-timeout.md"]
+    assert top(sample_brain, "ERR_CONN_RESET_4471", 1) == ["work/incident-2024-03-payment-timeout.md"]
+    assert top(sample_brain, "https://status.example.com/incidents/8812", 1) == [
+        "work/incident-2024-03-payment-timeout.md"]
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("番茄炒蛋怎么做", "生活/番茄炒蛋.md"),
+        ("Rust ownership and borrowing", "tech/rust-ownership.md"),
+        ("Rust 所有权 借用", "tech/rust-ownership.md"),
+        ("台北的咖啡館", "生活/台北咖啡館筆記.md"),
+        ("台北 咖啡馆 推荐", "生活/台北咖啡館筆記.md"),
+        ("京都 寺庙 旅行", "旅行/京都游记.md"),
+        ("rate limiter design token bucket", "work/design-doc-rate-limiter.md"),
+    ],
+    ids=["zh", "en", "mixed", "traditional", "simplified-for-traditional", "zh-travel", "en-design"],
+)
+def test_queries_in_both_scripts_and_languages(sample_brain, query, expected):
+    assert expected in top(sample_brain, query, 3)
+
+
+def test_identical_text_in_two_notes_returns_both(sample_brain):
+    shared = "真正的专注不是把所有干扰都挡在门外，而是知道自己此刻为什么坐在这里。"
+    paths = top(sample_brain, shared, 5)
+    assert {"reading/quotes.md", "daily/2024-05-02.md"} <= set(paths[:3])
+
+
+def test_result_shape_and_citation_fields(sample_brain):
+    response = sample_brain.search("电影清单", 3)
+    data = response.to_dict()
+    assert set(data) == {"query", "results", "coverage"}
+    first = data["results"][0]
+    assert first["note_id"] == "vault:sample_vault/生活/电影清单.md"
+    assert (first["source"], first["kind"], first["path"], first["title"]) == (
+        "sample_vault", "vault", "生活/电影清单.md", "电影清单")
+    assert "电影" in first["tags"] and first["created"].startswith("2023-12-30")
+    assert 0 < len(first["excerpt"]) <= 300
+    assert first["chunks"][0]["chunk_id"].startswith("vault:sample_vault/生活/电影清单.md:chunk:")
+    assert len(first["chunks"]) <= 3
+    assert set(data["coverage"]["channels"]) == {"bm25", "vector"}
+    assert data["coverage"]["queries"] == ["电影清单"] and data["coverage"]["expanded"] is False
+    json.dumps(data, ensure_ascii=False)
+
+
+def test_filters_by_tag_source_path_and_dates(sample_brain):
+    assert set(top(sample_brain, "笔记", 10, tags=("电影",))) == {"生活/电影清单.md"}
+    assert all(p.startswith("work/") for p in top(sample_brain, "notes", 10, path_prefix="work/"))
+    assert top(sample_brain, "notes", 5, sources=("nope",)) == []
+    dated = sample_brain.search("日记", 10, since="2024-05-01", until="2024-05-31").results
+    assert dated and all(r["created"][:7] == "2024-05" for r in dated)
+
+
+def test_time_phrase_becomes_a_filter_and_is_removed_from_the_query(sample_brain):
+    response = sample_brain.search("2024年3月的事故", 5)
+    assert response.coverage["time_phrase"] == {"phrase": "2024年3月", "since": "2024-03-01", "until": "2024-03-31"}
+    assert response.coverage["queries"] == ["事故"]
+    assert response.results[0]["path"] == "work/incident-2024-03-payment-timeout.md"
+    assert all(r["created"][:7] == "2024-03" for r in response.results)
+
+
+def test_relative_time_phrase_uses_today(sample_brain):
+    from rag_app.retrieve import search
+
+    response = search(sample_brain.searcher(), "what did I write last month", 5, today=dt.date(2024, 4, 20))
+    assert response.coverage["time_phrase"]["since"] == "2024-03-01"
+    assert {r["path"] for r in response.results} >= {"daily/2024-03-15.md"}
+
+
+@pytest.mark.parametrize("query", ["", "   ", "\x00"])
+def test_empty_queries_are_refused_clearly(sample_brain, query):
+    with pytest.raises(SearchError, match="empty"):
+        sample_brain.search(query)
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["。，！？", "the of and", "'; DROP TABLE chunks; --", ".*(?:[a-z]+{2,}", "%s %d {0} {query}", "x" * 100_000],
+    ids=["punctuation", "stopwords", "sql", "regex", "format", "100KB"],
+)
+def test_odd_queries_never_crash(sample_brain, query):
+    response = sample_brain.search(query, 3)
+    assert isinstance(response.results, list)
+
+
+def test_bad_k_and_dates_are_refused(sample_brain):
+    with pytest.raises(SearchError, match="k must be"):
+        sample_brain.search("x", 0)
+    with pytest.raises(SearchError, match="date"):
+        sample_brain.search("x", 3, since="last tuesday")
+
+
+def test_agent_supplied_variants_all_run(sample_brain):
+    response = sample_brain.search("movies to watch", 3, variants=["电影清单", "想看的电影"])
+    assert response.coverage["queries"] == ["movies to watch", "电影清单", "想看的电影"]
+    assert response.results[0]["path"] == "生活/电影清单.md"
+
+
+def test_llm_expansion_generates_variants_and_parses_chinese_numbering(sample_brain, monkeypatch):
+    with OpenAIDouble(["1、电影清单\n2、想看的片子\n3) films to watch"]) as llm:
+        monkeypatch.setenv("LLM_BASE_URL", llm.url)
+        monkeypatch.setenv("LLM_MODEL", "qwen2.5")
+        (sample_brain.home / "config.toml").write_text("[retrieval]\nnum_queries = 3\n", encoding="utf-8")
+        try:
+            brain = Brain(sample_brain.home)
+            response = brain.search("观影", 3)
+        finally:
+            (sample_brain.home / "config.toml").unlink()
+    assert response.coverage["queries"] == ["观影", "电影清单", "想看的片子"]
+    assert response.coverage["expanded"] is True
+    assert "观影" in llm.prompts()[0]
+
+
+def test_no_llm_means_no_expansion_and_no_error(sample_brain):
+    (sample_brain.home / "config.toml").write_text("[retrieval]\nnum_queries = 4\n", encoding="utf-8")
+    try:
+        response = Brain(sample_brain.home).search("观影", 3)
+    finally:
+        (sample_brain.home / "config.toml").unlink()
+    assert response.coverage["queries"] == ["观影"]
+
+
+def test_parse_variants_handles_numbering_styles():
+    reply = "Here are queries:\n1. first\n2、second\n（3）third\n- fourth\n• fifth\nsixth"
+    assert parse_variants(reply, 10) == ["first", "second", "third", "fourth", "fifth", "sixth"]
+
+
+def test_excerpt_is_bounded_and_centred_on_the_match():
+    text = "a" * 1000 + " needle " + "b" * 1000
+    piece = excerpt(text, ["needle"])
+    assert len(piece) <= 300 and "needle" in piece and piece.startswith("…") and piece.endswith("…")
+
+
+def test_batch_mode_prints_one_line_per_query(sample_home, tmp_path):
+    queries = tmp_path / "q.jsonl"
+    queries.write_text('{"id": "a", "text": "观影"}\n{"id": "b", "text": "ERR_CONN_RESET_4471"}\n', encoding="utf-8")
+    done = subprocess.run([sys.executable, "-m", "rag_app.cli", "--home", str(sample_home), "search", "--queries",
+                           str(queries), "--json", "-k", "2"], capture_output=True, text=True, cwd=REPO, check=True)
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [line["id"] for line in lines] == ["a", "b"]
+    assert lines[0]["results"][0]["path"] == "生活/电影清单.md"
+    assert all(isinstance(line["ms"], float) and len(line["results"]) <= 2 for line in lines)
+
+
+def test_cli_search_json(sample_home):
+    done = subprocess.run([sys.executable, "-m", "rag_app.cli", "--home", str(sample_home), "search", "观影", "--json",
+                           "-k", "2", "--tag", "电影"], capture_output=True, text=True, cwd=REPO, check=True)
+    data = json.loads(done.stdout)
+    assert data["query"] == "观影" and data["coverage"]["filters"]["tags"] == ["电影"]
+    assert [r["path"] for r in data["results"]] == ["生活/电影清单.md"]
