@@ -36,17 +36,19 @@ def channel_cache(shared: Path, name: str, model: str) -> dict:
     eval_set = materialise(shared, load_set(shared, name), OUT)
     index = SearchIndex(load_settings(OUT / "homes" / f"{name}-{model}"))
     keyword = index.keyword()
-    df = np.asarray((index.keyword().bm25.scores["indptr"][1:] - index.keyword().bm25.scores["indptr"][:-1]))
+    df = np.asarray(index.keyword().bm25.scores["indptr"][1:] - index.keyword().bm25.scores["indptr"][:-1])
     vocab = keyword.bm25.vocab_dict
     n_docs = len(keyword.ids)
     cache = {"queries": {}, "qrels": eval_set.qrels, "path_to_doc": eval_set.path_to_doc}
     for query_id, text in eval_set.queries.items():
         rows = {}
-        for channel, retriever in (("bm25", KeywordRetriever(index, 50, None)), ("vector", VectorRetriever(index, 50, None))):
+        retrievers = (("bm25", KeywordRetriever(index, 50, None)), ("vector", VectorRetriever(index, 50, None)))
+        for channel, retriever in retrievers:
             nodes = retriever.retrieve(text)
             rows[channel] = [(n.node.node_id, float(n.score), n.node.metadata["path"]) for n in nodes]
         tokens = tokenize(text)
-        idf = [math.log(1 + (n_docs - df[vocab[t]] + 0.5) / (df[vocab[t]] + 0.5)) if t in vocab else None for t in tokens]
+        idf = [math.log(1 + (n_docs - df[vocab[t]] + 0.5) / (df[vocab[t]] + 0.5)) if t in vocab else None
+               for t in tokens]
         rows["tokens"], rows["idf"] = tokens, idf
         top = rows["bm25"][0][0] if rows["bm25"] else None
         rows["top_tokens"] = set(index.manifest.db.execute("SELECT tokens FROM chunks WHERE chunk_id = ?", (top,))

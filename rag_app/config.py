@@ -83,6 +83,8 @@ class Settings:
     lock_wait_seconds: float = 10.0
     retrieval: dict[str, Any] = field(default_factory=dict)
     llm: dict[str, Any] = field(default_factory=dict)
+    mcp: dict[str, Any] = field(default_factory=dict)
+    serve: dict[str, Any] = field(default_factory=dict)
 
     @property
     def manifest_path(self) -> Path:
@@ -164,6 +166,8 @@ def _apply(settings: Settings, data: dict[str, Any], where: Path) -> None:
     settings.lock_wait_seconds = float(data.get("sync", {}).get("lock_wait_seconds", settings.lock_wait_seconds))
     settings.retrieval = dict(data.get("retrieval", {}))
     settings.llm = dict(data.get("llm", {}))
+    settings.mcp = dict(data.get("mcp", {}))
+    settings.serve = dict(data.get("serve", {}))
 
 
 def _int(section: dict[str, Any], key: str, default: int, low: int, high: int) -> int:

@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rag_app.chunking import CHUNKER_VERSION, chunker_id
 from rag_app.config import ConfigError, Settings, SourceSpec, load_settings, memos_source, vault_source
+from rag_app.graph import LinkGraph
 from rag_app.manifest import Manifest
-from rag_app.retrieve import SearchError, SearchFilters, SearchIndex, SearchResponse, search
+from rag_app.query import SearchError, SearchFilters
 from rag_app.sync import Progress, SourceReport, SyncBusyError, SyncLock, SyncReport, sync_sources
+from readers.records import decode_list
 
-__all__ = ["Brain", "ConfigError", "Progress", "SearchError", "SearchResponse", "SourceReport", "SyncBusyError",
+if TYPE_CHECKING:
+    from rag_app.answer import AnswerResponse
+    from rag_app.retrieve import SearchIndex, SearchResponse
+
+__all__ = ["Brain", "ConfigError", "NoteNotFound", "Progress", "SearchError", "SourceReport", "SyncBusyError",
            "SyncReport"]
 
 
@@ -25,6 +32,7 @@ class Brain:
         self.settings: Settings = load_settings(home, store_url=store_url)
         self._search_index: SearchIndex | None = None
         self._llm: Any = None
+        self._graph: tuple[str, LinkGraph] | None = None
 
     @property
     def home(self) -> Path:
@@ -117,6 +125,8 @@ class Brain:
     def searcher(self) -> SearchIndex:
         """The open search index of this home (kept for the life of this Brain: warm searches skip start-up)."""
         if self._search_index is None:
+            from rag_app.retrieve import SearchIndex
+
             self._search_index = SearchIndex(self.settings)
         return self._search_index
 
@@ -140,11 +150,112 @@ class Brain:
         mode: str = "hybrid",
         variants: list[str] | None = None,
         expand: bool = True,
+        audience: str = "user",
     ) -> SearchResponse:
         """Hybrid search over every note; see rag_app.retrieve for what each result holds."""
+        from rag_app.retrieve import search
+
         filters = SearchFilters(tuple(sources), tuple(tags), path_prefix, _date(since, "since"), _date(until, "until"))
         llm = self.llm() if expand and not variants else None
-        return search(self.searcher(), query, k, filters, mode=mode, variants=variants, llm=llm)
+        response = search(self.searcher(), query, k, filters, mode=mode, variants=variants, llm=llm)
+        if audience == "agent":
+            response.results = [r for r in response.results
+                                if self._visible({"kind": r["kind"], "visibility": r.get("visibility")}, audience)]
+        return response
+
+    def ask(
+        self,
+        question: str,
+        k: int = 6,
+        *,
+        sources: tuple[str, ...] = (),
+        tags: tuple[str, ...] = (),
+        since: str | dt.date | None = None,
+        until: str | dt.date | None = None,
+        on_token: Callable[[str], None] | None = None,
+        budget: int | None = None,
+        audience: str = "user",
+    ) -> AnswerResponse:
+        """Search, then answer only from the notes found, citing them as [n]. Without an LLM: extractive passages."""
+        from rag_app import answer as answers
+
+        found = self.search(question, k, sources=sources, tags=tags, since=since, until=until, audience=audience)
+        citations = answers.citations_from(found.results)
+        coverage = dict(found.coverage)
+        coverage["not_found"] = not found.results
+        llm = self.llm()
+        if llm is None or not found.results:
+            text = answers.extractive_answer(question, found.results, citations)
+            if on_token is not None:
+                on_token(text)
+            return answers.AnswerResponse(text, citations, coverage, "extractive")
+        manifest = self.searcher().manifest
+        full = {r["note_id"]: (manifest.note_doc(r["note_id"]) or ("",))[0] for r in found.results[:3]}
+        context = answers.build_context(found.results, full, budget or int(self.settings.llm.get("budget_chars",
+                                                                                                   12_000)))
+        try:
+            text = answers.llm_answer(llm, question, context, on_token)
+        except Exception as exc:  # the LLM is optional: fall back, say why, never fail the question
+            coverage["llm_error"] = " ".join(str(exc).split())[:200]
+            text = answers.extractive_answer(question, found.results, citations)
+            return answers.AnswerResponse(text, citations, coverage, "extractive", len(context))
+        cited = answers.cited_numbers(text, len(citations))
+        coverage["cited"] = cited
+        return answers.AnswerResponse(text, citations, coverage, "llm", len(context), cited)
+
+    def graph(self) -> LinkGraph:
+        """The link graph of everything indexed (rebuilt when the index changed)."""
+        index = self.searcher()
+        if self._graph is None or self._graph[0] != index.stamp:
+            self._graph = (index.stamp, LinkGraph.build(index.manifest.note_metadata()))
+        return self._graph[1]
+
+    def get_note(self, note_id: str, max_chars: int = 20_000, audience: str = "user") -> dict[str, Any]:
+        """A note's full text (capped) with its metadata, links and backlinks. Takes note ids only, never paths."""
+        note_id = validate_note_id(note_id)
+        found = self.searcher().manifest.note_doc(note_id)
+        if found is None or not self._visible(found[1], audience):
+            raise NoteNotFound(f"no note with id {note_id!r}")
+        text, meta = found
+        graph = self.graph()
+        note = _citation_fields(note_id, meta)
+        note.update(
+            text=text[:max_chars],
+            truncated=len(text) > max_chars,
+            chars=len(text),
+            tags=decode_list(meta.get("tags")),
+            aliases=decode_list(meta.get("aliases")),
+            created=meta.get("created"),
+            updated=meta.get("updated") or meta.get("mtime"),
+            links=graph.outgoing.get(note_id, []),
+            backlinks=graph.backlinks.get(note_id, []),
+            broken_links=graph.broken.get(note_id, []),
+        )
+        return note
+
+    def related(self, note_id: str, k: int = 8, audience: str = "user") -> dict[str, Any]:
+        """Notes linked to or from this one, then its nearest notes by meaning."""
+        note = self.get_note(note_id, max_chars=0, audience=audience)
+        index = self.searcher()
+        metadata = index.manifest.note_metadata()
+        linked = [n for n in dict.fromkeys(note["links"] + note["backlinks"]) if n in metadata
+                  and self._visible(metadata[n], audience)]
+        nearest = [n for n in index.nearest_notes(note_id, k * 2) if n not in linked
+                   and self._visible(metadata.get(n, {}), audience)][:k]
+        return {
+            "note_id": note_id,
+            "title": note["title"],
+            "links": [_citation_fields(n, metadata[n]) | {"relation": "links to" if n in note["links"]
+                      else "linked from"} for n in linked],
+            "similar": [_citation_fields(n, metadata[n]) | {"relation": "similar"} for n in nearest],
+            "broken_links": note["broken_links"],
+        }
+
+    def _visible(self, meta: dict[str, Any], audience: str) -> bool:
+        """Agents (MCP, tools) do not see PRIVATE memos unless the config allows it ([mcp] allow_private)."""
+        if audience != "agent" or meta.get("kind") != "memos":
+            return True
+        return meta.get("visibility") != "PRIVATE" or bool(self.settings.mcp.get("allow_private", False))
 
     def close(self) -> None:
         if self._search_index is not None:
@@ -174,6 +285,32 @@ class Brain:
                 manifest.close()
         in_config = any(s.name == name for s in self.settings.sources)
         return {"removed": name, "notes": len(note_ids), "still_in_config": in_config}
+
+
+class NoteNotFound(LookupError):
+    """No note with that id (or not visible to this caller)."""
+
+
+_NOTE_ID = re.compile(r"^(vault|memos):[^\x00-\x1f]{1,1000}$")
+
+
+def validate_note_id(note_id: object) -> str:
+    """Note ids are `vault:<vault>/<path>` or `memos:<uid>`: never file paths, never traversal."""
+    if not isinstance(note_id, str) or not _NOTE_ID.match(note_id):
+        raise SearchError("a note id looks like 'vault:<vault>/<path>.md' or 'memos:<uid>'")
+    rest = note_id.split(":", 1)[1]
+    if any(part in ("..", ".") for part in rest.split("/")) or rest.startswith("/") or "\\" in rest:
+        raise SearchError("a note id cannot contain '..', '.', a leading '/' or backslashes")
+    return note_id
+
+
+def _citation_fields(note_id: str, meta: dict[str, Any]) -> dict[str, Any]:
+    out = {"note_id": note_id, "title": meta.get("title"), "source": meta.get("source"), "kind": meta.get("kind")}
+    if meta.get("kind") == "memos":
+        out.update(memo_id=meta.get("memo_id"), url=meta.get("url"))
+    else:
+        out["path"] = meta.get("path")
+    return out
 
 
 def _date(value: str | dt.date | None, name: str) -> dt.date | None:

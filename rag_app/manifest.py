@@ -42,6 +42,12 @@ CREATE TABLE IF NOT EXISTS chunks (
     tokens TEXT
 );
 CREATE INDEX IF NOT EXISTS chunks_note ON chunks(note_id);
+CREATE TABLE IF NOT EXISTS note_docs (
+    note_id TEXT PRIMARY KEY,
+    source TEXT NOT NULL,
+    text TEXT NOT NULL,
+    metadata TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
@@ -142,6 +148,28 @@ class Manifest:
             "INSERT OR REPLACE INTO notes VALUES (?, ?, ?, ?, ?, ?, ?)",
             (record.id, source, record.content_hash, model, chunker, json.dumps(chunk_ids), time.time()),
         )
+        self.put_doc(record, source)
+
+    def put_doc(self, record: NoteRecord, source: str) -> None:
+        metadata = json.dumps({**record.volatile, **record.metadata}, ensure_ascii=False)
+        self.db.execute(
+            "INSERT OR REPLACE INTO note_docs VALUES (?, ?, ?, ?)", (record.id, source, record.text, metadata)
+        )
+
+    def notes_without_docs(self, source: str) -> set[str]:
+        rows = self.db.execute(
+            "SELECT n.note_id FROM notes n LEFT JOIN note_docs d ON d.note_id = n.note_id "
+            "WHERE n.source = ? AND d.note_id IS NULL", (source,))
+        return {r[0] for r in rows}
+
+    def note_doc(self, note_id: str) -> tuple[str, dict[str, Any]] | None:
+        """(full text, metadata) of a note as last synced."""
+        row = self.db.execute("SELECT text, metadata FROM note_docs WHERE note_id = ?", (note_id,)).fetchone()
+        return (row[0], json.loads(row[1])) if row else None
+
+    def note_metadata(self) -> dict[str, dict[str, Any]]:
+        """note id → metadata for every note (the link graph is built from these)."""
+        return {n: json.loads(m) for n, m in self.db.execute("SELECT note_id, metadata FROM note_docs")}
 
     def delete_notes(self, note_ids: list[str]) -> None:
         if note_ids:
@@ -150,6 +178,7 @@ class Manifest:
             batch = note_ids[start : start + 500]
             marks = ",".join("?" * len(batch))
             self.db.execute(f"DELETE FROM notes WHERE note_id IN ({marks})", batch)
+            self.db.execute(f"DELETE FROM note_docs WHERE note_id IN ({marks})", batch)
             self.db.execute(f"DELETE FROM chunks WHERE note_id IN ({marks})", batch)
 
     def put_chunks(self, rows: list[tuple[str, str, str, str, dict[str, Any], list[str]]]) -> None:

@@ -26,63 +26,11 @@ from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 from rag_app.config import Settings
 from rag_app.keyword import KeywordIndex, tokenize
 from rag_app.manifest import Manifest
+from rag_app.query import RetrievalConfig, SearchError, SearchFilters, clean_query, parse_variants
 from rag_app.time_phrases import extract_time_range
 from readers.records import decode_list
 
-MAX_QUERY_CHARS = 2000
 EXCERPT_CHARS = 300
-VARIANT_LINE = re.compile(r"^\s*(?:[-*•]|\(?\d{1,2}[.、)）:：]|[（(]\d{1,2}[)）]|q\d+[:.]?)\s*", re.IGNORECASE)
-
-
-class SearchError(ValueError):
-    """The query or its filters cannot be searched; the message says why."""
-
-
-@dataclass
-class RetrievalConfig:
-    """[retrieval] in config.toml. Defaults were tuned on the dev sets in ../shared/eval (see docs/retrieval.md)."""
-
-    fusion: str = "adaptive"
-    rrf_k: int = 60
-    bm25_weight: float = 1.0
-    vector_weight: float = 1.0
-    candidates: int = 50
-    chunks_per_note: int = 3
-    num_queries: int = 1
-    coverage_power: float = 1.0
-
-    @staticmethod
-    def from_settings(settings: Settings) -> RetrievalConfig:
-        config = RetrievalConfig()
-        for key, value in settings.retrieval.items():
-            if not hasattr(config, key):
-                raise SearchError(f"[retrieval] has no setting {key!r}")
-            setattr(config, key, type(getattr(config, key))(value))
-        if config.fusion not in ("adaptive", "rrf"):
-            raise SearchError(f"retrieval.fusion must be 'adaptive' or 'rrf', got {config.fusion!r}")
-        return config
-
-
-@dataclass
-class SearchFilters:
-    sources: tuple[str, ...] = ()
-    tags: tuple[str, ...] = ()
-    path_prefix: str = ""
-    since: dt.date | None = None
-    until: dt.date | None = None
-
-    @property
-    def active(self) -> bool:
-        return bool(self.sources or self.tags or self.path_prefix or self.since or self.until)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "sources": list(self.sources),
-            "tags": list(self.tags),
-            "path_prefix": self.path_prefix or None,
-            "since": self.since.isoformat() if self.since else None,
-            "until": self.until.isoformat() if self.until else None,
-        }
 
 
 @dataclass
@@ -161,6 +109,25 @@ class SearchIndex:
         if not filters.active:
             return None
         return {chunk_id for chunk_id, (_, meta) in self.attributes().items() if _passes(meta, filters)}
+
+    def nearest_notes(self, note_id: str, k: int) -> list[str]:
+        """Notes closest in meaning to this one (mean of its chunk vectors), itself excluded."""
+        collection = self.collection()
+        entry = self.manifest.entries_for([note_id]).get(note_id)
+        if collection is None or entry is None or not entry.chunk_ids:
+            return []
+        got = collection.get(ids=entry.chunk_ids, include=["embeddings"])
+        if not len(got["ids"]):
+            return []
+        centre = np.asarray(got["embeddings"], dtype=np.float32).mean(axis=0)
+        n = min(collection.count(), k * 4 + len(entry.chunk_ids))
+        hits = collection.query(query_embeddings=[centre.tolist()], n_results=n, include=["metadatas"])
+        out: list[str] = []
+        for meta in hits["metadatas"][0]:
+            other = str(meta.get("note_id") or meta.get("document_id"))
+            if other != note_id and other not in out:
+                out.append(other)
+        return out[:k]
 
     def nodes(self, scored: list[tuple[str, float]]) -> list[NodeWithScore]:
         rows = self.manifest.chunks_by_id([c for c, _ in scored])
@@ -269,16 +236,6 @@ class VectorRetriever(BaseRetriever):
         return self.index.nodes(pairs[: self.top_k])
 
 
-def parse_variants(text: str, limit: int) -> list[str]:
-    """Query variants from an LLM reply: one per line, numbering like "1." "1、" "(1)" "-" stripped."""
-    out: list[str] = []
-    for line in text.strip().strip("`").splitlines():
-        line = VARIANT_LINE.sub("", line).strip().strip('"“”')
-        if line and not line.endswith((":", "：")) and line not in out:
-            out.append(line)
-    return out[:limit]
-
-
 class NoteFusionRetriever(QueryFusionRetriever):
     """Reciprocal-rank fusion keyed on chunk ids, with configurable constant and channel weights.
 
@@ -367,16 +324,6 @@ class SearchResponse:
 
     def to_dict(self) -> dict[str, Any]:
         return {"query": self.query, "results": self.results, "coverage": self.coverage}
-
-
-def clean_query(query: str) -> str:
-    """Reject what cannot be searched; trim what is merely too long (a pasted page)."""
-    if not isinstance(query, str):
-        raise SearchError("the query must be text")
-    query = query.replace("\x00", " ").strip()
-    if not query:
-        raise SearchError("the query is empty")
-    return query[:MAX_QUERY_CHARS]
 
 
 def search(

@@ -321,6 +321,7 @@ def _sync_one(spec: SourceSpec, manifest: Manifest, applier: _Applier) -> Source
     for warning in listing.warnings:
         log.warning("%s: %s", spec.name, warning)
     plan = make_plan(manifest.entries(spec.name), listing.records, listing.kept_ids, applier.model, applier.chunker_id)
+    _backfill_docs(manifest, spec.name, listing.records, plan)
     result.added, result.updated = len(plan.added), len(plan.changed)
     result.deleted, result.unchanged = len(plan.deleted), plan.unchanged
     try:
@@ -334,6 +335,16 @@ def _sync_one(spec: SourceSpec, manifest: Manifest, applier: _Applier) -> Source
     manifest.record_result(spec.name, asdict(result), succeeded=True)
     log.info("synced %s: +%d ~%d -%d =%d", spec.name, result.added, result.updated, result.deleted, result.unchanged)
     return result
+
+
+def _backfill_docs(manifest: Manifest, source: str, records: list[NoteRecord], plan: Plan) -> None:
+    """Indexes made before note texts were kept get them from this listing, without re-embedding."""
+    missing = manifest.notes_without_docs(source) - {r.id for r in plan.to_embed}
+    if missing:
+        with manifest.transaction():
+            for record in records:
+                if record.id in missing:
+                    manifest.put_doc(record, source)
 
 
 def _one_line(exc: BaseException) -> str:

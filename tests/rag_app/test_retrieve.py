@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from rag_app.engine import Brain, SearchError
-from rag_app.retrieve import excerpt, parse_variants
+from rag_app.query import parse_variants
+from rag_app.retrieve import excerpt
 from tests.conftest import REPO, SAMPLE_VAULT
 from tests.doubles.openai_server import OpenAIDouble
 

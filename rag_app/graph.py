@@ -1,0 +1,73 @@
+"""The link graph: wikilinks, frontmatter links and Memos relations, resolved to note ids; backlinks; broken links."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Any
+
+from readers.records import decode_list
+
+
+@dataclass
+class LinkGraph:
+    outgoing: dict[str, list[str]] = field(default_factory=dict)
+    backlinks: dict[str, list[str]] = field(default_factory=dict)
+    broken: dict[str, list[str]] = field(default_factory=dict)
+
+    @staticmethod
+    def build(notes: dict[str, dict[str, Any]]) -> LinkGraph:
+        graph = LinkGraph()
+        resolver = _Resolver(notes)
+        for note_id, meta in notes.items():
+            targets: list[str] = []
+            for raw in decode_list(meta.get("links")):
+                target = resolver.resolve(raw, meta)
+                if target is None:
+                    graph.broken.setdefault(note_id, []).append(raw)
+                elif target != note_id and target not in targets:
+                    targets.append(target)
+            parent = meta.get("parent")
+            if isinstance(parent, str) and parent in notes and parent not in targets:
+                targets.append(parent)
+            graph.outgoing[note_id] = targets
+            for target in targets:
+                graph.backlinks.setdefault(target, []).append(note_id)
+        return graph
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "notes": len(self.outgoing),
+            "links": sum(len(v) for v in self.outgoing.values()),
+            "broken_links": sum(len(v) for v in self.broken.values()),
+            "orphans": sum(1 for n, out in self.outgoing.items() if not out and not self.backlinks.get(n)),
+        }
+
+
+class _Resolver:
+    """Obsidian-style resolution: a path, a file name, a title or an alias; the linking note's own vault first."""
+
+    def __init__(self, notes: dict[str, dict[str, Any]]):
+        self.notes = notes
+        self.keys: dict[tuple[str, str], list[str]] = {}
+        for note_id, meta in notes.items():
+            source = str(meta.get("source") or "")
+            names = {str(meta.get("title") or "")}
+            if meta.get("path"):
+                path = PurePosixPath(str(meta["path"]))
+                names |= {str(path.with_suffix("")), path.stem, str(path)}
+            names |= set(decode_list(meta.get("aliases")))
+            for name in names:
+                if name:
+                    self.keys.setdefault((source, name.lower()), []).append(note_id)
+                    self.keys.setdefault(("*", name.lower()), []).append(note_id)
+
+    def resolve(self, raw: str, meta: dict[str, Any]) -> str | None:
+        if raw in self.notes:
+            return raw
+        name = raw.strip().removesuffix(".md").lower()
+        for scope in (str(meta.get("source") or ""), "*"):
+            found = self.keys.get((scope, name))
+            if found:
+                return sorted(found, key=len)[0]
+        return None

@@ -1,0 +1,84 @@
+"""The request side of a search, kept free of heavy imports: validation, filters, retrieval settings."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from rag_app.config import Settings
+
+MAX_QUERY_CHARS = 2000
+VARIANT_LINE = re.compile(r"^\s*(?:[-*•]|\(?\d{1,2}[.、)）:：]|[（(]\d{1,2}[)）]|q\d+[:.]?)\s*", re.IGNORECASE)
+
+
+class SearchError(ValueError):
+    """The query or its filters cannot be searched; the message says why."""
+
+
+@dataclass
+class RetrievalConfig:
+    """[retrieval] in config.toml. Defaults were tuned on the dev sets in ../shared/eval (see docs/retrieval.md)."""
+
+    fusion: str = "adaptive"
+    rrf_k: int = 60
+    bm25_weight: float = 1.0
+    vector_weight: float = 1.0
+    candidates: int = 50
+    chunks_per_note: int = 3
+    num_queries: int = 1
+    coverage_power: float = 1.0
+
+    @staticmethod
+    def from_settings(settings: Settings) -> RetrievalConfig:
+        config = RetrievalConfig()
+        for key, value in settings.retrieval.items():
+            if not hasattr(config, key):
+                raise SearchError(f"[retrieval] has no setting {key!r}")
+            setattr(config, key, type(getattr(config, key))(value))
+        if config.fusion not in ("adaptive", "rrf"):
+            raise SearchError(f"retrieval.fusion must be 'adaptive' or 'rrf', got {config.fusion!r}")
+        return config
+
+
+@dataclass
+class SearchFilters:
+    sources: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
+    path_prefix: str = ""
+    since: dt.date | None = None
+    until: dt.date | None = None
+
+    @property
+    def active(self) -> bool:
+        return bool(self.sources or self.tags or self.path_prefix or self.since or self.until)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sources": list(self.sources),
+            "tags": list(self.tags),
+            "path_prefix": self.path_prefix or None,
+            "since": self.since.isoformat() if self.since else None,
+            "until": self.until.isoformat() if self.until else None,
+        }
+
+
+def clean_query(query: str) -> str:
+    """Reject what cannot be searched; trim what is merely too long (a pasted page)."""
+    if not isinstance(query, str):
+        raise SearchError("the query must be text")
+    query = query.replace("\x00", " ").strip()
+    if not query:
+        raise SearchError("the query is empty")
+    return query[:MAX_QUERY_CHARS]
+
+
+def parse_variants(text: str, limit: int) -> list[str]:
+    """Query variants from an LLM reply: one per line, numbering like "1." "1、" "(1)" "-" stripped."""
+    out: list[str] = []
+    for line in text.strip().strip("`").splitlines():
+        line = VARIANT_LINE.sub("", line).strip().strip('"“”')
+        if line and not line.endswith((":", "：")) and line not in out:
+            out.append(line)
+    return out[:limit]
