@@ -209,6 +209,43 @@ def _print_results(response: Any) -> None:
         click.echo(f"    {result['excerpt'][:200]}")
 
 
+@main.command("ask")
+@click.argument("question")
+@click.option("-k", "k", default=6, show_default=True, type=click.IntRange(1, 20), help="Notes to draw on.")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--source", "sources", multiple=True, help="Only these sources.")
+@click.option("--tag", "tags", multiple=True, help="Only notes with this tag.")
+@click.option("--since", default=None, help="Only notes dated on or after YYYY-MM-DD.")
+@click.option("--until", default=None, help="Only notes dated on or before YYYY-MM-DD.")
+@click.pass_context
+def ask_command(ctx: click.Context, question: str, k: int, as_json: bool, sources: tuple[str, ...],
+                tags: tuple[str, ...], since: str | None, until: str | None) -> None:
+    """Answer from your notes only, citing them as [n] (an LLM if configured, else the best passages)."""
+    brain = _open(ctx)
+    stream = not as_json and sys.stdout.isatty()
+
+    def on_token(piece: str) -> None:
+        click.echo(piece, nl=False)
+
+    try:
+        response = brain.ask(question, k, sources=sources, tags=tags, since=since, until=until,
+                             on_token=on_token if stream else None)
+    except (SearchError, ConfigError) as exc:
+        _fail(str(exc), EXIT_USAGE)
+    if as_json:
+        _print_json(response.to_dict())
+        return
+    if not stream:
+        click.echo(response.answer)
+    click.echo("")
+    click.echo("Sources:")
+    for citation in response.citations:
+        click.echo(f"  [{citation['n']}] {citation['title']} — {citation.get('url') or citation.get('path')} "
+                   f"({citation['strength']})")
+    if response.coverage.get("llm_error"):
+        click.echo(f"(LLM unavailable: {response.coverage['llm_error']}; showing passages instead)", err=True)
+
+
 @main.group()
 def source() -> None:
     """List or remove sources."""
