@@ -1,0 +1,59 @@
+"""The notebooks run top to bottom offline, so they cannot rot (executed with nbclient)."""
+
+from __future__ import annotations
+
+import json
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from tests.conftest import REPO, SHARED
+from tests.doubles.openai_server import OpenAIDouble
+
+NOTEBOOKS = REPO / "notebooks"
+
+
+def run(name: str) -> nbformat.NotebookNode:
+    notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
+    NotebookClient(notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
+                   ).execute()
+    return notebook
+
+
+def outputs(notebook: nbformat.NotebookNode) -> str:
+    return "\n".join(str(o.get("text", "")) for cell in notebook.cells for o in cell.get("outputs", []))
+
+
+@pytest.fixture
+def notebook_env(sample_home, monkeypatch):
+    monkeypatch.setenv("BRAIN_HOME", str(sample_home))
+    for var in ("LLM_BASE_URL", "LLM_MODEL", "LLM_API_KEY", "OPENAI_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    return sample_home
+
+
+def test_explore_notebook(notebook_env):
+    text = outputs(run("01_explore_index.ipynb"))
+    assert "sample_vault (vault): 41 notes" in text and "link graph:" in text
+    assert (notebook_env / "explore.png").exists()
+
+
+@pytest.mark.skipif(not (SHARED / "eval" / "locomo_dev").is_dir(), reason="../shared/eval not present")
+def test_compare_modes_notebook(notebook_env, monkeypatch):
+    monkeypatch.setenv("BRAIN_NOTEBOOK_QUERIES", "20")
+    text = outputs(run("02_compare_retrieval_modes.ipynb"))
+    assert "'bm25':" in text and "'hybrid':" in text and "modes.png" in text
+
+
+def test_agent_notebook_drives_the_tools_through_an_llm(notebook_env, monkeypatch):
+    call = {"tool_calls": [{"id": "call_1", "type": "function",
+                            "function": {"name": "search_notes", "arguments": json.dumps({"query": "观影"})}}]}
+    with OpenAIDouble([call, "你想看《花样年华》（电影清单）。"]) as llm:
+        monkeypatch.setenv("LLM_BASE_URL", llm.url)
+        monkeypatch.setenv("LLM_MODEL", "qwen2.5")
+        text = outputs(run("03_agent_with_tools.ipynb"))
+    assert "search_notes" in text and "电影清单" in text
+    assert "你想看《花样年华》" in text
+    tool_messages = [m for r in llm.requests for m in r["body"]["messages"] if m.get("role") == "tool"]
+    assert tool_messages and "电影清单" in str(tool_messages[0]["content"])
