@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,7 @@ class Brain:
         self._search_index: SearchIndex | None = None
         self._llm: Any = None
         self._graph: tuple[str, LinkGraph] | None = None
+        self._lock = threading.RLock()
 
     @property
     def home(self) -> Path:
@@ -155,13 +157,12 @@ class Brain:
         """Hybrid search over every note; see rag_app.retrieve for what each result holds."""
         from rag_app.retrieve import search
 
-        filters = SearchFilters(tuple(sources), tuple(tags), path_prefix, _date(since, "since"), _date(until, "until"))
+        hide_private = audience == "agent" and not self.settings.mcp.get("allow_private", False)
+        filters = SearchFilters(tuple(sources), tuple(tags), path_prefix, _date(since, "since"), _date(until, "until"),
+                                exclude_private=hide_private)
         llm = self.llm() if expand and not variants else None
-        response = search(self.searcher(), query, k, filters, mode=mode, variants=variants, llm=llm)
-        if audience == "agent":
-            response.results = [r for r in response.results
-                                if self._visible({"kind": r["kind"], "visibility": r.get("visibility")}, audience)]
-        return response
+        with self._lock:
+            return search(self.searcher(), query, k, filters, mode=mode, variants=variants, llm=llm)
 
     def ask(
         self,
@@ -189,8 +190,9 @@ class Brain:
             if on_token is not None:
                 on_token(text)
             return answers.AnswerResponse(text, citations, coverage, "extractive")
-        manifest = self.searcher().manifest
-        full = {r["note_id"]: (manifest.note_doc(r["note_id"]) or ("",))[0] for r in found.results[:3]}
+        with self._lock:
+            manifest = self.searcher().manifest
+            full = {r["note_id"]: (manifest.note_doc(r["note_id"]) or ("",))[0] for r in found.results[:3]}
         context = answers.build_context(found.results, full, budget or int(self.settings.llm.get("budget_chars",
                                                                                                    12_000)))
         try:
@@ -205,15 +207,17 @@ class Brain:
 
     def graph(self) -> LinkGraph:
         """The link graph of everything indexed (rebuilt when the index changed)."""
-        index = self.searcher()
-        if self._graph is None or self._graph[0] != index.stamp:
-            self._graph = (index.stamp, LinkGraph.build(index.manifest.note_metadata()))
-        return self._graph[1]
+        with self._lock:
+            index = self.searcher()
+            if self._graph is None or self._graph[0] != index.stamp:
+                self._graph = (index.stamp, LinkGraph.build(index.manifest.note_metadata()))
+            return self._graph[1]
 
     def get_note(self, note_id: str, max_chars: int = 20_000, audience: str = "user") -> dict[str, Any]:
         """A note's full text (capped) with its metadata, links and backlinks. Takes note ids only, never paths."""
         note_id = validate_note_id(note_id)
-        found = self.searcher().manifest.note_doc(note_id)
+        with self._lock:
+            found = self.searcher().manifest.note_doc(note_id)
         if found is None or not self._visible(found[1], audience):
             raise NoteNotFound(f"no note with id {note_id!r}")
         text, meta = found
@@ -236,12 +240,13 @@ class Brain:
     def related(self, note_id: str, k: int = 8, audience: str = "user") -> dict[str, Any]:
         """Notes linked to or from this one, then its nearest notes by meaning."""
         note = self.get_note(note_id, max_chars=0, audience=audience)
-        index = self.searcher()
-        metadata = index.manifest.note_metadata()
-        linked = [n for n in dict.fromkeys(note["links"] + note["backlinks"]) if n in metadata
-                  and self._visible(metadata[n], audience)]
-        nearest = [n for n in index.nearest_notes(note_id, k * 2) if n not in linked
-                   and self._visible(metadata.get(n, {}), audience)][:k]
+        with self._lock:
+            index = self.searcher()
+            metadata = index.manifest.note_metadata()
+            linked = [n for n in dict.fromkeys(note["links"] + note["backlinks"]) if n in metadata
+                      and self._visible(metadata[n], audience)]
+            nearest = [n for n in index.nearest_notes(note_id, k * 2) if n not in linked
+                       and self._visible(metadata.get(n, {}), audience)][:k]
         return {
             "note_id": note_id,
             "title": note["title"],
@@ -261,6 +266,15 @@ class Brain:
         if self._search_index is not None:
             self._search_index.close()
             self._search_index = None
+
+    def doctor(self, repair: bool = False, compact: bool = False) -> dict[str, Any]:
+        """Do Chroma, the manifest and BM25 agree? `repair` fixes them, `compact` rebuilds Chroma (rag_app.doctor)."""
+        from rag_app.doctor import run_doctor
+
+        try:
+            return run_doctor(self.settings, repair=repair, compact=compact)
+        finally:
+            self.close()  # repaired or compacted stores are reopened by the next search
 
     def remove_source(self, name: str) -> dict[str, Any]:
         """Drop a source and every note it contributed: the only way notes leave the index besides deletion."""
@@ -319,7 +333,7 @@ def _date(value: str | dt.date | None, name: str) -> dt.date | None:
     try:
         return dt.date.fromisoformat(str(value)[:10])
     except ValueError:
-        raise SearchError(f"--{name} must be a date like 2024-03-15, got {value!r}") from None
+        raise SearchError(f"{name} must be a date like 2024-03-15, got {value!r}") from None
 
 
 def _reuse_name(spec: SourceSpec, known: dict[str, SourceSpec]) -> SourceSpec:

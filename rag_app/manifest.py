@@ -111,7 +111,8 @@ class Manifest:
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self.db = sqlite3.connect(str(path), timeout=30.0, isolation_level=None)
+        # Shells (chat page, MCP, agent tools) call from worker threads; callers serialise use (see Brain._lock).
+        self.db = sqlite3.connect(str(path), timeout=30.0, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
@@ -143,10 +144,13 @@ class Manifest:
             out.update({r[0]: ManifestEntry(r[0], r[1], r[2], r[3], r[4], json.loads(r[5])) for r in rows})
         return out
 
-    def put_note(self, record: NoteRecord, source: str, model: str, chunker: str, chunk_ids: list[str]) -> None:
+    def put_note(self, record: NoteRecord, source: str, model: str, chunker: str, chunk_ids: list[str],
+                 content_hash: str | None = None) -> None:
+        """`content_hash` overrides the record's own (a note re-embedded from its stored text keeps its source hash)."""
         self.db.execute(
             "INSERT OR REPLACE INTO notes VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (record.id, source, record.content_hash, model, chunker, json.dumps(chunk_ids), time.time()),
+            (record.id, source, content_hash or record.content_hash, model, chunker, json.dumps(chunk_ids),
+             time.time()),
         )
         self.put_doc(record, source)
 
@@ -235,6 +239,14 @@ class Manifest:
     def note_attributes(self) -> list[tuple[str, str, str]]:
         """(chunk_id, note_id, metadata json) of every chunk: what filters look at."""
         return self.db.execute("SELECT chunk_id, note_id, metadata FROM chunks").fetchall()
+
+    def delete_chunks(self, chunk_ids: list[str]) -> None:
+        """Delete chunk rows by id (rows no note owns any more: `brain doctor --repair`)."""
+        if chunk_ids:
+            self.bump_generation()
+        for start in range(0, len(chunk_ids), 500):
+            batch = chunk_ids[start : start + 500]
+            self.db.execute(f"DELETE FROM chunks WHERE chunk_id IN ({','.join('?' * len(batch))})", batch)
 
     def delete_chunks_of(self, note_ids: list[str]) -> None:
         if note_ids:

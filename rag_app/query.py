@@ -49,10 +49,11 @@ class SearchFilters:
     path_prefix: str = ""
     since: dt.date | None = None
     until: dt.date | None = None
+    exclude_private: bool = False
 
     @property
     def active(self) -> bool:
-        return bool(self.sources or self.tags or self.path_prefix or self.since or self.until)
+        return bool(self.sources or self.tags or self.path_prefix or self.since or self.until or self.exclude_private)
 
     def to_dict(self) -> dict[str, Any]:
         return {

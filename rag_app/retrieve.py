@@ -76,11 +76,11 @@ class SearchIndex:
 
     def collection(self) -> Any:
         if self._collection is None:
-            from rag_app.store import collection_name, open_chroma
+            from rag_app.store import LiveCollection, collection_name, open_chroma
 
             client = open_chroma(self.settings)
             try:
-                self._collection = client.get_collection(collection_name(self.settings.embedding_model))
+                self._collection = LiveCollection(client, collection_name(self.settings.embedding_model))
             except Exception:  # no collection yet: nothing synced with this model
                 return None
         return self._collection
@@ -147,6 +147,8 @@ def _note_date(meta: dict[str, Any]) -> dt.date | None:
 
 
 def _passes(meta: dict[str, Any], filters: SearchFilters) -> bool:
+    if filters.exclude_private and meta.get("kind") == "memos" and meta.get("visibility") == "PRIVATE":
+        return False
     if filters.sources and meta.get("source") not in filters.sources and meta.get("kind") not in filters.sources:
         return False
     if filters.tags:
@@ -347,7 +349,8 @@ def search(
     filters = filters or SearchFilters()
     text, time_range = extract_time_range(query, today)
     if time_range and not (filters.since or filters.until):
-        filters = SearchFilters(filters.sources, filters.tags, filters.path_prefix, time_range.since, time_range.until)
+        filters = SearchFilters(filters.sources, filters.tags, filters.path_prefix, time_range.since, time_range.until,
+                                filters.exclude_private)
     else:
         text, time_range = query, None
     allowed = index.allowed(filters)

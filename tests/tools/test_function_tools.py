@@ -1,0 +1,111 @@
+"""The agent tools as LlamaIndex sees them: a real FunctionAgent, untrusted arguments, PRIVATE memos kept out."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from llama_index.core.agent.workflow import FunctionAgent
+from llama_index.core.tools import FunctionTool
+from llama_index.llms.openai_like import OpenAILike
+
+from rag_app.engine import Brain
+from tests.doubles.memos_server import MemosDouble
+from tests.doubles.openai_server import OpenAIDouble
+from tools.function_tools import TOOL_NAMES, BrainTools, brain_tools
+
+
+@pytest.fixture(scope="module")
+def sample_tools(sample_home: Path) -> dict[str, FunctionTool]:
+    """One Brain for the module: each one loads the embedding model."""
+    return {tool.metadata.name: tool for tool in brain_tools(Brain(sample_home))}
+
+
+def call(tool: FunctionTool, **arguments: object) -> dict:
+    return json.loads(str(tool.call(**arguments)))
+
+
+def test_a_function_agent_searches_with_the_tool_and_the_llm_reads_the_result(sample_tools):
+    search_call = {"tool_calls": [{"id": "call_1", "type": "function", "function": {
+        "name": "search_notes", "arguments": json.dumps({"query": "观影"}, ensure_ascii=False)}}]}
+    with OpenAIDouble([search_call, "你的观影记录在《电影清单》里。"]) as double:
+        llm = OpenAILike(model="qwen2.5", api_base=double.url, api_key="x", is_chat_model=True,
+                         is_function_calling_model=True, max_retries=0)
+        agent = FunctionAgent(tools=list(sample_tools.values()), llm=llm, streaming=False,
+                              system_prompt="Answer from the user's notes.")
+
+        async def ask() -> object:
+            return await agent.run(user_msg="我最近看了哪些电影？")
+
+        answer = asyncio.run(ask())
+    assert "电影清单" in str(answer)
+    first, second = (r["body"] for r in double.requests)
+    assert sorted(t["function"]["name"] for t in first["tools"]) == sorted(TOOL_NAMES)
+    tool_messages = [m for m in second["messages"] if m["role"] == "tool"]
+    assert tool_messages and tool_messages[0]["tool_call_id"] == "call_1"
+    found = json.loads(tool_messages[0]["content"])
+    assert found["results"][0]["title"] == "电影清单"
+
+
+@pytest.mark.parametrize(("tool", "arguments", "message"), [
+    ("get_note", {"note_id": "../../etc/passwd"}, "a note id looks like"),
+    ("get_note", {"note_id": "/etc/passwd"}, "a note id looks like"),
+    ("get_note", {"note_id": "vault:../../etc/passwd"}, "cannot contain '..'"),
+    ("related_notes", {"note_id": "vault:notes/../../x.md"}, "cannot contain '..'"),
+    ("get_note", {"note_id": ""}, "note_id is empty"),
+    ("get_note", {"note_id": "vault:" + "x" * 10_000}, "too long"),
+    ("get_note", {"note_id": 42}, "must be a string"),
+    ("get_note", {"note_id": "vault:sample_vault/missing.md"}, "no note with id"),
+    ("search_notes", {"query": "电影", "k": 10**9}, "k must be an integer from 1 to 20"),
+    ("search_notes", {"query": "电影", "k": "5"}, "k must be an integer"),
+    ("search_notes", {"query": ["电影"]}, "query must be a string"),
+    ("search_notes", {"queries": "电影"}, "queries must be a list"),
+    ("search_notes", {"queries": ["x"] * 50}, "at most 6"),
+    ("search_notes", {"query": "x" * 5_000}, "too long"),
+    ("search_notes", {"query": "  "}, "give `query`"),
+    ("search_notes", {"query": "电影", "since": "last week"}, "date like 2024-03-15"),
+    ("search_notes", {"query": "电影", "path": "/etc"}, "unknown argument(s): path"),
+])
+def test_hostile_arguments_get_a_clear_json_error(sample_tools, tool, arguments, message):
+    reply = call(sample_tools[tool], **arguments)
+    assert set(reply) == {"error", "tool"} and message in reply["error"], reply
+    assert len(json.dumps(reply)) < 400
+
+
+def test_outputs_are_capped_and_point_back_to_the_note(sample_tools):
+    found = call(sample_tools["search_notes"], queries=["观影", "电影"], k=20)
+    assert found["coverage"]["queries"][:2] == ["观影", "电影"]
+    assert 0 < len(found["results"]) <= 20
+    assert all(len(p["text"]) <= 1_000 for r in found["results"] for p in r["passages"])
+    note = call(sample_tools["get_note"], note_id=found["results"][0]["note_id"])
+    assert note["title"] == "电影清单" and "《千与千寻》" in note["text"] and len(note["text"]) <= 20_000
+    status = call(sample_tools["brain_status"])
+    assert status["notes"] > 0 and status["private_memos_visible"] is False and "home" not in status
+
+
+def test_private_memos_stay_hidden_from_agents_unless_allowed(home: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("CFLOW_API_TOKEN", "memos_pat_test")
+    with MemosDouble(mode="head") as double:
+        private = "memos:" + double.add_memo("私人日记：牙医说智齿要拔，费用三千。#健康", visibility="PRIVATE")
+        public = "memos:" + double.add_memo("牙医诊所周六也营业，地址在公司楼下。#生活", visibility="PUBLIC")
+        assert not Brain(home).sync(memos=(double.url,)).failed
+
+    def agent_view() -> tuple[set[str], dict, dict]:
+        tools = BrainTools(Brain(home))
+        found = json.loads(tools.call("search_notes", {"query": "牙医", "k": 5}).text)
+        return ({r["note_id"] for r in found["results"]},
+                json.loads(tools.call("get_note", {"note_id": private}).text),
+                json.loads(tools.call("related_notes", {"note_id": public}).text))
+
+    seen, note, related = agent_view()
+    assert seen == {public}
+    assert note == {"error": f"no note with id {private!r}", "tool": "get_note"}
+    assert private not in json.dumps(related)
+
+    with (home / "config.toml").open("a", encoding="utf-8") as config:
+        config.write("\n[mcp]\nallow_private = true\n")
+    seen, note, _ = agent_view()
+    assert seen == {public, private}
+    assert "智齿" in note["text"]

@@ -1,0 +1,270 @@
+"""The four agent tools (search_notes, get_note, related_notes, brain_status), written once.
+
+`BrainTools` holds the validation, privacy and output shaping; `brain_tools()` wraps it as LlamaIndex FunctionTools
+and tools.mcp_server wraps the same object for MCP. Annotations here stay real objects (no `from __future__ import
+annotations`): both wrappers read the `Annotated[..., Field(...)]` parameters to build the schema an agent sees.
+"""
+
+import asyncio
+import functools
+import inspect
+import json
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
+
+from pydantic import Field
+
+from rag_app.engine import Brain, ConfigError, NoteNotFound, SearchError
+
+if TYPE_CHECKING:
+    from llama_index.core.tools import FunctionTool
+
+__all__ = ["TOOL_NAMES", "BrainTools", "ToolCallError", "ToolReply", "brain_tools"]
+
+log = logging.getLogger("cflow_brain.tools")
+
+TOOL_NAMES = ("search_notes", "get_note", "related_notes", "brain_status")
+AUDIENCE = "agent"  # PRIVATE memos stay hidden unless config.toml has [mcp] allow_private = true
+MAX_K = 20
+MAX_QUERY_CHARS = 2_000
+MAX_QUERIES = 6
+MAX_FILTER_CHARS = 200
+MAX_DATE_CHARS = 32
+MAX_NOTE_ID_CHARS = 1_024
+NOTE_CHARS = 20_000
+PASSAGE_CHARS = 1_000
+MAX_LINKS = 50
+RELATED_K = 8
+RESULT_KEYS = ("note_id", "title", "source", "kind", "path", "memo_id", "url", "visibility", "score", "excerpt",
+               "tags", "created", "updated", "duplicates")
+
+NoteId = Annotated[str, Field(
+    description="A note id from search_notes or related_notes, e.g. 'vault:notes/生活/电影清单.md' or 'memos:<uid>'. "
+                "Never a file path.",
+    min_length=1, max_length=MAX_NOTE_ID_CHARS)]
+
+
+class ToolCallError(ValueError):
+    """A call the agent can fix: the message says how (never a traceback)."""
+
+
+class ToolReply(NamedTuple):
+    """What every shell sends back: JSON text, and whether it is an error (MCP sets isError from it)."""
+
+    text: str
+    is_error: bool
+
+
+class BrainTools:
+    """One Brain behind the agent tools. The tool methods' docstrings are the descriptions agents read.
+
+    Every call runs on one worker thread: the engine's SQLite manifest only works on the thread that opened it,
+    while LlamaIndex and MCP call tools from whichever thread or event loop they like.
+    """
+
+    def __init__(self, brain: Brain) -> None:
+        self.brain = brain
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="brain-tools")
+
+    def search_notes(
+        self,
+        query: Annotated[str | None, Field(
+            description="What to look for, in the user's words (Chinese or English).",
+            max_length=MAX_QUERY_CHARS)] = None,
+        queries: Annotated[list[str] | None, Field(
+            description="Instead of or besides `query`: your own rewrites of the question (synonyms, the other "
+                        "language). The first is the main query when `query` is absent.",
+            max_length=MAX_QUERIES)] = None,
+        k: Annotated[int, Field(description=f"How many notes to return, 1 to {MAX_K}.", ge=1, le=MAX_K)] = 8,
+        source: Annotated[str | None, Field(
+            description="Only this source: a source name from brain_status, or 'vault' or 'memos'.",
+            max_length=MAX_FILTER_CHARS)] = None,
+        tag: Annotated[str | None, Field(
+            description="Only notes with this tag or one of its sub-tags, without '#'.",
+            max_length=MAX_FILTER_CHARS)] = None,
+        since: Annotated[str | None, Field(
+            description="Only notes dated on or after this day, YYYY-MM-DD.", max_length=MAX_DATE_CHARS)] = None,
+        until: Annotated[str | None, Field(
+            description="Only notes dated on or before this day, YYYY-MM-DD.", max_length=MAX_DATE_CHARS)] = None,
+    ) -> dict[str, Any]:
+        """Search the user's own notes (Markdown vaults and Memos) by meaning and by words, Chinese or English.
+
+        Returns up to k notes, best first, each with note_id (for get_note and related_notes), title, source,
+        path or url, an excerpt, the passages that matched, tags and dates. The server does not rewrite the
+        query: pass your own variants in `queries`. A time phrase in the query (上个月, last week) filters by
+        date unless since/until are given. Cite the notes you use by title and path or url.
+        """
+        texts = [t for t in (_text("query", query, MAX_QUERY_CHARS), *_queries(queries)) if t]
+        if not texts:
+            raise ToolCallError("give `query` (or `queries`): the text to search for")
+        main, variants = texts[0], [t for t in dict.fromkeys(texts[1:]) if t != texts[0]]
+        response = self.brain.search(
+            main, _k(k),
+            sources=_one("source", source), tags=_one("tag", tag),
+            since=_text("since", since, MAX_DATE_CHARS), until=_text("until", until, MAX_DATE_CHARS),
+            variants=variants or None, expand=False, audience=AUDIENCE,
+        )
+        coverage = response.coverage
+        return {
+            "query": main,
+            "results": [_result(r) for r in response.results],
+            "coverage": {key: coverage.get(key) for key in ("queries", "filters", "time_phrase")},
+        }
+
+    def get_note(self, note_id: NoteId) -> dict[str, Any]:
+        """Read one note in full, with its metadata, tags, dates, outgoing links and backlinks.
+
+        The text is capped at 20,000 characters (`truncated` and `chars` say when it was cut). Use it after
+        search_notes when an excerpt is not enough.
+        """
+        note = self.brain.get_note(_note_id(note_id), max_chars=NOTE_CHARS, audience=AUDIENCE)
+        return _cap_lists(note, ("links", "backlinks", "broken_links"))
+
+    def related_notes(self, note_id: NoteId) -> dict[str, Any]:
+        """Notes around one note: those it links to, those linking to it, then the nearest ones in meaning.
+
+        Use it to explore from a note found by search_notes (a project's other notes, earlier thoughts on it).
+        """
+        related = self.brain.related(_note_id(note_id), k=RELATED_K, audience=AUDIENCE)
+        return _cap_lists(related, ("links", "broken_links"))
+
+    def brain_status(self) -> dict[str, Any]:
+        """What the notes index holds: note and chunk counts per source (vault or Memos), when each source
+        last synced and whether that sync failed, and the embedding model.
+
+        Use it to say how fresh the notes are, or why a search finds nothing.
+        """
+        status = self.brain.status()
+        return {
+            "notes": status["notes"],
+            "chunks": status["chunks"],
+            "sources": status["sources"],
+            "embedding_model": status["embedding_model"],
+            "private_memos_visible": bool(self.brain.settings.mcp.get("allow_private", False)),
+        }
+
+    @staticmethod
+    def description(name: str) -> str:
+        return inspect.getdoc(getattr(BrainTools, name)) or name
+
+    def call(self, name: str, arguments: dict[str, Any]) -> ToolReply:
+        return self._worker.submit(self._invoke, name, arguments).result()
+
+    async def acall(self, name: str, arguments: dict[str, Any]) -> ToolReply:
+        return await asyncio.wrap_future(self._worker.submit(self._invoke, name, arguments))
+
+    def _invoke(self, name: str, arguments: dict[str, Any]) -> ToolReply:
+        """Run one tool; whatever goes wrong comes back as a one-line JSON error the agent can read."""
+        try:
+            if name not in TOOL_NAMES:
+                raise ToolCallError(f"unknown tool; the tools are {', '.join(TOOL_NAMES)}")
+            method = getattr(self, name)
+            unknown = sorted(set(arguments) - set(inspect.signature(method).parameters))
+            if unknown:
+                raise ToolCallError(f"unknown argument(s): {', '.join(a[:40] for a in unknown[:5])}")
+            return ToolReply(_json(method(**arguments)), False)
+        except (ToolCallError, SearchError, NoteNotFound, ConfigError) as exc:
+            return ToolReply(_json({"error": str(exc), "tool": name}), True)
+        except Exception:  # the agent gets one line; the traceback goes to brain.log
+            log.exception("tool %s failed", name)
+            return ToolReply(_json({"error": "internal error in the notes index (details in brain.log)",
+                                    "tool": name}), True)
+
+
+def brain_tools(brain: Brain) -> list["FunctionTool"]:
+    """The four tools as LlamaIndex FunctionTools for any agent (FunctionAgent, ReActAgent); results are JSON text.
+
+    Give it a Brain not yet searched on another thread: its calls run on the tools' own worker thread.
+    """
+    from llama_index.core.tools import FunctionTool  # here, not at the top: the MCP server starts without it
+
+    tools = BrainTools(brain)
+    made = []
+    for name in TOOL_NAMES:
+        sync_fn, async_fn = _callables(tools, name)
+        made.append(FunctionTool.from_defaults(fn=sync_fn, async_fn=async_fn, name=name,
+                                               description=BrainTools.description(name)))
+    return made
+
+
+def _callables(tools: BrainTools, name: str) -> tuple[Callable[..., str], Callable[..., Any]]:
+    """Sync and async entry points that keep the tool method's signature (the schema comes from it)."""
+    method = getattr(tools, name)
+
+    @functools.wraps(method)
+    def call(**arguments: Any) -> str:
+        return tools.call(name, arguments).text
+
+    @functools.wraps(method)
+    async def acall(**arguments: Any) -> str:
+        return (await tools.acall(name, arguments)).text
+
+    return call, acall
+
+
+def _json(data: Any) -> str:
+    return json.dumps(data, ensure_ascii=False, default=str)
+
+
+def _text(name: str, value: object, limit: int) -> str | None:
+    """An optional string argument: None or blank means absent; anything else must be text within `limit`."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ToolCallError(f"{name} must be a string, not {type(value).__name__}")
+    value = value.strip()
+    if len(value) > limit:
+        raise ToolCallError(f"{name} is too long: {len(value)} characters, at most {limit}")
+    return value or None
+
+
+def _queries(value: object) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ToolCallError(f"queries must be a list of strings, not {type(value).__name__}")
+    if len(value) > MAX_QUERIES:
+        raise ToolCallError(f"queries holds {len(value)} items, at most {MAX_QUERIES}")
+    return [t for t in (_text("each of queries", v, MAX_QUERY_CHARS) for v in value) if t]
+
+
+def _k(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_K:
+        raise ToolCallError(f"k must be an integer from 1 to {MAX_K}")
+    return value
+
+
+def _one(name: str, value: object) -> tuple[str, ...]:
+    text = _text(name, value, MAX_FILTER_CHARS)
+    return (text,) if text else ()
+
+
+def _note_id(value: object) -> str:
+    """Type and size only; the engine decides what a note id may look like (no paths, no traversal)."""
+    if not isinstance(value, str):
+        raise ToolCallError(f"note_id must be a string, not {type(value).__name__}")
+    if len(value) > MAX_NOTE_ID_CHARS:
+        raise ToolCallError(f"note_id is too long: {len(value)} characters, at most {MAX_NOTE_ID_CHARS}")
+    if not value.strip():
+        raise ToolCallError("note_id is empty; take one from search_notes results")
+    return value
+
+
+def _result(result: dict[str, Any]) -> dict[str, Any]:
+    """A search hit as agents see it: known fields only, matched passages capped."""
+    shaped = {key: result[key] for key in RESULT_KEYS if result.get(key) is not None}
+    shaped["passages"] = [{"heading": c.get("heading") or "", "text": c.get("text", "")[:PASSAGE_CHARS]}
+                          for c in result.get("chunks", [])]
+    return shaped
+
+
+def _cap_lists(data: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    """A hub note can have thousands of backlinks: keep the first MAX_LINKS of each list and say how many."""
+    for key in keys:
+        items = data.get(key) or []
+        if len(items) > MAX_LINKS:
+            data[key] = items[:MAX_LINKS]
+            data[f"{key}_total"] = len(items)
+    return data

@@ -1,0 +1,104 @@
+"""The brain as an MCP server: the four tools of tools.function_tools, over stdio or bearer-guarded HTTP.
+
+stdio is what Claude Code, Codex and other local agents start (`brain --home H mcp`). Streamable HTTP
+(`brain mcp --http`) always needs a bearer token from BRAIN_MCP_TOKEN, because any local process or web page
+could otherwise read the notes through it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hmac
+import os
+import sys
+from typing import Any
+
+from mcp.server.mcpserver import MCPServer
+from mcp.types import CallToolResult, TextContent, ToolAnnotations
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from rag_app.engine import Brain, ConfigError
+from tools.function_tools import TOOL_NAMES, BrainTools
+
+__all__ = ["TOKEN_ENV", "BearerGuard", "build_server", "run_http", "run_stdio"]
+
+TOKEN_ENV = "BRAIN_MCP_TOKEN"
+MIN_TOKEN_CHARS = 16
+INSTRUCTIONS = (
+    "Tools over the user's personal notes (Markdown vaults and Memos). Start with search_notes; open a hit with "
+    "get_note, explore around it with related_notes; brain_status says what is indexed and how fresh it is. "
+    "Answer from the notes and cite each one you use by title and path or url."
+)
+READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+
+
+def build_server(home: Brain | str | os.PathLike[str] | None) -> MCPServer:
+    """An MCP server over one brain (a Brain, e.g. the CLI's with its logging and store, or a home directory)."""
+    tools = BrainTools(home if isinstance(home, Brain) else Brain(home))
+    server = MCPServer("cflow-brain", instructions=INSTRUCTIONS, log_level="WARNING")
+    for name in TOOL_NAMES:
+        server.add_tool(_mcp_tool(tools, name), name=name, description=BrainTools.description(name),
+                        annotations=READ_ONLY, structured_output=False)
+    return server
+
+
+def _mcp_tool(tools: BrainTools, name: str) -> Any:
+    """The tool method's signature (for the input schema) over the shared call; errors come back with isError set."""
+
+    @functools.wraps(getattr(tools, name))
+    async def call(**arguments: Any) -> CallToolResult:
+        reply = await tools.acall(name, arguments)
+        return CallToolResult(content=[TextContent(type="text", text=reply.text)], is_error=reply.is_error)
+
+    return call
+
+
+def run_stdio(home: Brain | str | os.PathLike[str] | None) -> None:
+    """Serve on stdin/stdout until the client closes stdin (stdout carries only the protocol)."""
+    build_server(home).run("stdio")
+
+
+def run_http(home: Brain | str | os.PathLike[str] | None, host: str = "127.0.0.1", port: int = 8765,
+             token: str | None = None) -> None:
+    """Serve streamable HTTP at http://HOST:PORT/mcp; every request needs `Authorization: Bearer <token>`.
+
+    The token (else BRAIN_MCP_TOKEN) is mandatory on every host, loopback included, so a non-loopback host
+    is never open. It is never logged or echoed.
+    """
+    import uvicorn
+
+    token = token or os.environ.get(TOKEN_ENV) or ""
+    if not token:
+        raise ConfigError(f"MCP over HTTP needs a bearer token: set {TOKEN_ENV} (e.g. to `openssl rand -hex 24`)")
+    if len(token) < MIN_TOKEN_CHARS:
+        raise ConfigError(f"{TOKEN_ENV} is too short to guard your notes: use at least {MIN_TOKEN_CHARS} characters")
+    server = build_server(home)
+    app = BearerGuard(server.streamable_http_app(host=host), token)
+    shown = f"[{host}]" if ":" in host else host
+    print(f"brain mcp: serving http://{shown}:{port}/mcp (Authorization: Bearer ${TOKEN_ENV})", file=sys.stderr,
+          flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+class BearerGuard:
+    """ASGI middleware: no request reaches MCP without the exact bearer token (compared in constant time)."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan" or self._authorized(scope):
+            await self.app(scope, receive, send)
+        elif scope["type"] == "http":
+            response = JSONResponse({"error": f"missing or wrong bearer token (see {TOKEN_ENV})"}, status_code=401,
+                                    headers={"WWW-Authenticate": "Bearer"})
+            await response(scope, receive, send)
+        else:
+            await send({"type": "websocket.close", "code": 1008})
+
+    def _authorized(self, scope: Scope) -> bool:
+        given = next((value for key, value in scope.get("headers", []) if key == b"authorization"), b"")
+        return hmac.compare_digest(given, self._expected)
+
