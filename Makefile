@@ -13,7 +13,16 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PIP) install --quiet -c constraints.txt -e '.[dev]'
 	touch $@
 
+# The browser test drives Debian's Chromium (never a browser download); a CJK font makes its screenshots legible.
 install: $(VENV)/.installed
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+		if [ "$$(id -u)" = 0 ]; then \
+			apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+				chromium chromium-driver fonts-wqy-zenhei; \
+		else \
+			echo "note: no /usr/bin/chromium and not root: the browser test will skip"; \
+		fi; \
+	fi
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -29,6 +38,7 @@ test-slow: install
 demo: install
 	$(VENV)/bin/brain --home $(DEMO_HOME) sync --vault sample_vault
 	$(VENV)/bin/brain --home $(DEMO_HOME) status
+	$(VENV)/bin/brain --home $(DEMO_HOME) serve --port 7860
 
 bench: install
 	$(PY) bench/sync_bench.py

@@ -19,11 +19,11 @@ class SearchError(ValueError):
 
 @dataclass
 class RetrievalConfig:
-    """[retrieval] in config.toml. Defaults were tuned on the dev sets in ../shared/eval (see docs/retrieval.md)."""
+    """[retrieval] in config.toml. Defaults were tuned on the dev sets in ../shared/eval (docs/retrieval.md)."""
 
     fusion: str = "adaptive"
-    rrf_k: int = 60
-    bm25_weight: float = 1.0
+    rrf_k: int = 10
+    bm25_weight: float = 1.5
     vector_weight: float = 1.0
     candidates: int = 50
     chunks_per_note: int = 3
