@@ -129,6 +129,16 @@ def _cov(row, p):
     return rrf([(row["bm25"], w * p["wb"]), (row["vector"], 1.0)], p["k"])
 
 
+@variant("3ch")
+def _three(row, p):
+    w = coverage(row) ** p["a"]
+    zb, zv = zconf(row["bm25"]), zconf(row["vector"])
+    lists = [(row["bm25"], w * p["wb"] * min(2, max(0.2, zb / 3))), (row["vector"], min(2, max(0.2, zv / 3)))]
+    if row.get("vector2"):
+        lists.append((row["vector2"], p.get("w2", 1.0) * min(2, max(0.2, zconf(row["vector2"]) / 3))))
+    return rrf(lists, p["k"])
+
+
 @variant("cov^a+z")
 def _covz(row, p):
     w = coverage(row) ** p["a"]
@@ -149,8 +159,19 @@ def main() -> None:
     parser.add_argument("sets", nargs="+")
     parser.add_argument("--shared", default=str(Path(__file__).resolve().parents[2] / "shared"))
     parser.add_argument("--model", default="e5-small")
+    parser.add_argument("--second", default="", help="a second dense model's home to fuse as a third channel")
     args = parser.parse_args()
     caches = {name: channel_cache(Path(args.shared), name, args.model) for name in args.sets}
+    if args.second:
+        for name, cache in caches.items():
+            other = channel_cache(Path(args.shared), name, args.second)
+            for query_id, row in cache["queries"].items():
+                row["vector2"] = other["queries"][query_id]["vector"]
+        print("vector2 alone", " ".join(f"{evaluate(c, lambda r, p: [(x[0], x[2]) for x in r['vector2']], {}):.3f}"
+                                         for c in caches.values()))
+        for w2 in (0.5, 0.75, 1.0):
+            params = {"a": 1, "wb": 1.5, "k": 10, "w2": w2}
+            print("3ch", params, " ".join(f"{evaluate(c, VARIANTS['3ch'], params):.3f}" for c in caches.values()))
     grid = [{"a": a, "wb": wb, "k": k} for a in (1, 2, 3, 4) for wb in (0.5, 1.0, 1.5) for k in (10, 30, 60)]
     print("variant params " + " ".join(args.sets))
     for name in ("bm25", "vector", "rrf60"):

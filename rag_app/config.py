@@ -28,6 +28,9 @@ class SourceSpec:
     url: str = ""
     include_archived: bool = False
     include_comments: bool = True
+    timeout: float | None = None  # Memos client: seconds per request (None: the client's default)
+    max_retries: int | None = None  # Memos client: retries of a transient failure (429, 5xx, timeouts)
+    page_size: int | None = None  # Memos client: memos per page (servers that time out on big pages)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v not in ("", None)}
@@ -44,6 +47,9 @@ class SourceSpec:
             url=str(data.get("url") or ""),
             include_archived=bool(data.get("include_archived", False)),
             include_comments=bool(data.get("include_comments", True)),
+            timeout=_optional(data, "timeout", float, 0.05, 600.0),
+            max_retries=_optional(data, "max_retries", int, 0, 20),
+            page_size=_optional(data, "page_size", int, 1, 1000),
         )
         if kind == "vault" and not spec.path:
             raise ConfigError(f"source {spec.name!r}: a vault source needs 'path'")
@@ -52,6 +58,19 @@ class SourceSpec:
         if not spec.name:
             spec.name = default_source_name(spec)
         return spec
+
+
+def _optional(data: dict[str, Any], key: str, kind: type, low: float, high: float) -> Any:
+    """An optional number of a source, checked against its range (bools are not numbers here)."""
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or (kind is int and not isinstance(value, int)):
+        what = "a whole number" if kind is int else "a number"
+        raise ConfigError(f"source {data.get('name')!r}: {key} must be {what}, got {value!r}")
+    if not low <= value <= high:
+        raise ConfigError(f"source {data.get('name')!r}: {key} must be from {low:g} to {high:g}, got {value!r}")
+    return kind(value)
 
 
 def default_source_name(spec: SourceSpec) -> str:
@@ -77,6 +96,7 @@ class Settings:
     home: Path
     sources: list[SourceSpec] = field(default_factory=list)
     embedding_model: str = DEFAULT_EMBEDDING
+    second_model: str | None = None  # None: use-m3 beside e5-small (cheap, strong on paraphrase); "" turns it off
     chunk_max_chars: int = 600
     chunk_overlap: int = 100
     store_url: str = ""
@@ -85,6 +105,19 @@ class Settings:
     llm: dict[str, Any] = field(default_factory=dict)
     mcp: dict[str, Any] = field(default_factory=dict)
     serve: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def models(self) -> list[str]:
+        """The dense models: the main one, then a second channel (USE-m3 by default when the main one is e5-small)."""
+        second = self.second_model
+        if second is None:
+            second = FAST_EMBEDDING if self.embedding_model == DEFAULT_EMBEDDING else ""
+        return [self.embedding_model] + ([second] if second and second != self.embedding_model else [])
+
+    @property
+    def model_id(self) -> str:
+        """What the manifest records per note: every dense model the note is embedded with."""
+        return "+".join(self.models)
 
     @property
     def manifest_path(self) -> Path:
@@ -159,6 +192,10 @@ def _apply(settings: Settings, data: dict[str, Any], where: Path) -> None:
         raise ConfigError(f"{where}: two sources share a name: {names}")
     embedding = data.get("embedding", {})
     settings.embedding_model = str(embedding.get("model", settings.embedding_model))
+    if "second_model" in embedding:
+        settings.second_model = str(embedding["second_model"] or "")
+        if settings.second_model:
+            validate_embedding_model(settings.second_model)
     chunking = data.get("chunking", {})
     settings.chunk_max_chars = _int(chunking, "max_chars", settings.chunk_max_chars, 100, 8000)
     settings.chunk_overlap = _int(chunking, "overlap", settings.chunk_overlap, 0, settings.chunk_max_chars // 2)

@@ -118,6 +118,7 @@ class Brain:
             "chunks": chunks,
             "sources": sources,
             "embedding_model": self.settings.embedding_model,
+            "dense_models": self.settings.models,
             "chunker_version": chunker_id(self.settings.chunk_max_chars, self.settings.chunk_overlap)
             if sources else CHUNKER_VERSION,
             "home": str(self.settings.home),
@@ -288,7 +289,7 @@ class Brain:
                 if note_ids:
                     from rag_app.store import VectorIndex
 
-                    for model in {e.model for e in entries.values()}:
+                    for model in {m for e in entries.values() for m in e.model.split("+")}:
                         index = VectorIndex(self.settings, model)
                         index.forget(note_ids)
                         index.persist()

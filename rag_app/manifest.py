@@ -71,6 +71,7 @@ class Plan:
     deleted: list[str] = field(default_factory=list)
     unchanged: int = 0
     reembed: int = 0
+    second_only: list[NoteRecord] = field(default_factory=list)
 
     @property
     def to_embed(self) -> list[NoteRecord]:
@@ -78,7 +79,7 @@ class Plan:
 
     @property
     def is_noop(self) -> bool:
-        return not (self.added or self.changed or self.deleted)
+        return not (self.added or self.changed or self.deleted or self.second_only)
 
 
 def make_plan(
@@ -96,6 +97,8 @@ def make_plan(
             plan.added.append(record)
         elif entry.hash != record.content_hash:
             plan.changed.append(record)
+        elif entry.chunker == chunker and entry.model.split("+")[0] == model.split("+")[0] and entry.model != model:
+            plan.second_only.append(record)
         elif entry.model != model or entry.chunker != chunker:
             plan.changed.append(record)
             plan.reembed += 1
@@ -265,7 +268,21 @@ class Manifest:
         return out
 
     def models_in_use(self) -> set[str]:
-        return {row[0] for row in self.db.execute("SELECT DISTINCT model FROM notes")}
+        return {m for row in self.db.execute("SELECT DISTINCT model FROM notes") for m in row[0].split("+")}
+
+    def set_model(self, note_ids: list[str], model: str) -> None:
+        self.db.executemany("UPDATE notes SET model = ? WHERE note_id = ?", [(model, n) for n in note_ids])
+
+    def chunks_for_notes(self, note_ids: list[str]) -> list[tuple[str, str, str, dict[str, Any]]]:
+        """(chunk_id, note_id, text, metadata) of these notes' chunks."""
+        out = []
+        for start in range(0, len(note_ids), 500):
+            batch = note_ids[start : start + 500]
+            marks = ",".join("?" * len(batch))
+            rows = self.db.execute(f"SELECT chunk_id, note_id, text, metadata FROM chunks WHERE note_id IN ({marks})",
+                                   batch)
+            out += [(c, n, t, json.loads(m)) for c, n, t, m in rows]
+        return out
 
     def chunker_in_use(self) -> set[str]:
         return {row[0] for row in self.db.execute("SELECT DISTINCT chunker FROM notes")}

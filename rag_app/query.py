@@ -23,8 +23,10 @@ class RetrievalConfig:
 
     fusion: str = "adaptive"
     rrf_k: int = 10
-    bm25_weight: float = 1.5
+    bm25_weight: float = 2.0
     vector_weight: float = 1.0
+    second_weight: float = 3.0
+    second_gate: float = 4.0
     candidates: int = 50
     chunks_per_note: int = 3
     num_queries: int = 1

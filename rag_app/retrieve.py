@@ -47,11 +47,12 @@ class SearchIndex:
         self.manifest = Manifest(settings.manifest_path)
         self._keyword: KeywordIndex | None = None
         self._keyword_stamp = ""
-        self._collection: Any = None
-        self._embed: Any = None
+        self._client: Any = None
+        self._collections: dict[str, Any] = {}
+        self._embeds: dict[str, Any] = {}
         self._attributes: dict[str, tuple[str, dict[str, Any]]] | None = None
         self._attr_stamp = ""
-        self._query_vectors: dict[str, list[float]] = {}
+        self._query_vectors: dict[tuple[str, str], list[float]] = {}
         self.timing = _Timing()
 
     def close(self) -> None:
@@ -74,27 +75,32 @@ class SearchIndex:
             self._keyword_stamp = stamp
         return self._keyword
 
-    def collection(self) -> Any:
-        if self._collection is None:
+    def collection(self, model: str | None = None) -> Any:
+        """The Chroma collection of a dense model (the main one by default), or None before its first sync."""
+        model = model or self.settings.embedding_model
+        if model not in self._collections:
             from rag_app.store import LiveCollection, collection_name, open_chroma
 
-            client = open_chroma(self.settings)
+            if self._client is None:
+                self._client = open_chroma(self.settings)
             try:
-                self._collection = LiveCollection(client, collection_name(self.settings.embedding_model))
+                self._collections[model] = LiveCollection(self._client, collection_name(model))
             except Exception:  # no collection yet: nothing synced with this model
                 return None
-        return self._collection
+        return self._collections[model]
 
-    def embed_query(self, text: str) -> list[float]:
-        if text not in self._query_vectors:
-            if self._embed is None:
+    def embed_query(self, text: str, model: str | None = None) -> list[float]:
+        model = model or self.settings.embedding_model
+        key = (model, text)
+        if key not in self._query_vectors:
+            if model not in self._embeds:
                 from rag_app.embeddings import load_embedding
 
-                self._embed = load_embedding(self.settings.embedding_model)
+                self._embeds[model] = load_embedding(model)
             started = time.perf_counter()
-            self._query_vectors[text] = self._embed.get_query_embedding(text)
+            self._query_vectors[key] = self._embeds[model].get_query_embedding(text)
             self.timing.embed_ms += (time.perf_counter() - started) * 1000
-        return self._query_vectors[text]
+        return self._query_vectors[key]
 
     def attributes(self) -> dict[str, tuple[str, dict[str, Any]]]:
         """chunk id → (note id, metadata), for filters; reloaded when the index changed."""
@@ -214,15 +220,15 @@ class VectorRetriever(BaseRetriever):
 
     EXACT_LIMIT = 5000
 
-    def __init__(self, index: SearchIndex, top_k: int, allowed: set[str] | None):
+    def __init__(self, index: SearchIndex, top_k: int, allowed: set[str] | None, model: str | None = None):
         super().__init__()
-        self.index, self.top_k, self.allowed = index, top_k, allowed
+        self.index, self.top_k, self.allowed, self.model = index, top_k, allowed, model
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        collection = self.index.collection()
+        collection = self.index.collection(self.model)
         if collection is None or collection.count() == 0 or (self.allowed is not None and not self.allowed):
             return []
-        vector = self.index.embed_query(query_bundle.query_str)
+        vector = self.index.embed_query(query_bundle.query_str, self.model)
         if self.allowed is not None and len(self.allowed) <= self.EXACT_LIMIT:
             got = collection.get(ids=sorted(self.allowed), include=["embeddings"])
             if not len(got["ids"]):
@@ -243,7 +249,9 @@ class NoteFusionRetriever(QueryFusionRetriever):
 
     `fusion="adaptive"` scales each channel's contribution per query by its confidence: how far its best score
     stands above the rest of its list, and for BM25 how much of the query its best chunk covers (IDF-weighted), so a
-    keyword list built on one common word does not outvote a confident vector match.
+    keyword list built on one common word does not outvote a confident vector match. The second dense channel
+    (USE-m3: weak on plain lookups, strong on paraphrase and cross-language) gets a say that grows as BM25 coverage
+    falls: words that match lexically are left to BM25 and e5; meaning-only queries lean on USE as well.
     """
 
     def __init__(self, retrievers: list[BaseRetriever], names: list[str], config: RetrievalConfig,
@@ -252,7 +260,8 @@ class NoteFusionRetriever(QueryFusionRetriever):
         self.config = config
         self.variants = [v for v in (variants or []) if v.strip()]
         num_queries = 1 + len(self.variants) if self.variants else (config.num_queries if llm is not None else 1)
-        weights = [config.bm25_weight if n == "bm25" else config.vector_weight for n in names]
+        by_name = {"bm25": config.bm25_weight, "vector": config.vector_weight, "vector2": config.second_weight}
+        weights = [by_name[n] for n in names]
         super().__init__(
             retrievers,
             llm=llm or MockLLM(),
@@ -288,9 +297,11 @@ class NoteFusionRetriever(QueryFusionRetriever):
             weight = self._retriever_weights[i]
             if self.config.fusion == "adaptive":
                 weight *= self._confidence(hits)
-                coverage = getattr(self._retrievers[i], "coverage", {}).get(query)
-                if coverage is not None:
+                coverage = self._bm25_coverage(query)
+                if name == "bm25" and coverage is not None:
                     weight *= coverage**self.config.coverage_power
+                elif name == "vector2" and coverage is not None:
+                    weight *= (1.0 - coverage) ** self.config.second_gate
             self.channel_weights[name].append(round(weight, 3))
             for rank, hit in enumerate(hits):
                 chunk_id = hit.node.node_id
@@ -298,6 +309,11 @@ class NoteFusionRetriever(QueryFusionRetriever):
                 nodes.setdefault(chunk_id, hit)
         ranked = sorted(fused, key=lambda c: fused[c], reverse=True)
         return [NodeWithScore(node=nodes[c].node, score=fused[c]) for c in ranked]
+
+    def _bm25_coverage(self, query: str) -> float | None:
+        if "bm25" not in self.names:
+            return None
+        return self._retrievers[self.names.index("bm25")].coverage.get(query)
 
     @staticmethod
     def _confidence(hits: list[NodeWithScore]) -> float:
@@ -344,7 +360,7 @@ def search(
     query = clean_query(query)
     if not 1 <= k <= 100:
         raise SearchError(f"k must be between 1 and 100, got {k}")
-    if mode not in ("hybrid", "bm25", "vector"):
+    if mode not in ("hybrid", "bm25", "vector", "vector2"):
         raise SearchError(f"mode must be hybrid, bm25 or vector, got {mode!r}")
     filters = filters or SearchFilters()
     text, time_range = extract_time_range(query, today)
@@ -360,6 +376,9 @@ def search(
         channels.append(("bm25", KeywordRetriever(index, config.candidates, allowed)))
     if mode in ("hybrid", "vector"):
         channels.append(("vector", VectorRetriever(index, config.candidates, allowed)))
+    models = index.settings.models
+    if mode in ("hybrid", "vector2") and len(models) > 1 and index.collection(models[1]) is not None:
+        channels.append(("vector2", VectorRetriever(index, config.candidates, allowed, models[1])))
     fusion = NoteFusionRetriever([r for _, r in channels], [n for n, _ in channels], config, llm=llm,
                                  variants=[clean_query(v) for v in variants or []])
     fused = fusion.retrieve(text)

@@ -124,28 +124,40 @@ def read_source(spec: SourceSpec) -> SourceListing:
         from readers.vault_scanner import VaultScanner
 
         return VaultScanner(spec.path, name=spec.name).scan()
-    from readers.memos_client import fetch_memos, token_from_env
+    from readers.memos_client import MemosClient, fetch_memos, token_from_env
 
-    return fetch_memos(
-        spec.url,
-        token_from_env(),
-        source=spec.name,
-        include_archived=spec.include_archived,
-        include_comments=spec.include_comments,
-    )
+    knobs = {"timeout": spec.timeout, "max_retries": spec.max_retries, "page_size": spec.page_size}
+    with MemosClient(spec.url, token_from_env(), **{k: v for k, v in knobs.items() if v is not None}) as client:
+        return fetch_memos(
+            spec.url,
+            None,
+            source=spec.name,
+            include_archived=spec.include_archived,
+            include_comments=spec.include_comments,
+            client=client,
+        )
 
 
 class _Applier:
-    """Holds the heavy parts (model, Chroma, pipeline), created on first need only."""
+    """Holds the heavy parts (model, Chroma, pipeline), created on first need only.
 
-    def __init__(self, settings: Settings, manifest: Manifest, report: SyncReport, progress: Progress):
+    `keep_hashes`: the records are stored note texts being re-embedded (doctor), so the manifest keeps each note's
+    source hash and the next sync sees no change.
+    """
+
+    def __init__(self, settings: Settings, manifest: Manifest, report: SyncReport, progress: Progress,
+                 keep_hashes: bool = False):
         self.settings = settings
         self.manifest = manifest
         self.report = report
         self.progress = progress
-        self.model = settings.embedding_model
+        self.keep_hashes = keep_hashes
+        self.model = settings.model_id
+        self.second = settings.models[1] if len(settings.models) > 1 else None
         self.chunker_id = chunker_id(settings.chunk_max_chars, settings.chunk_overlap)
         self._index: Any = None
+        self._second_index: Any = None
+        self._second_embed: Any = None
         self._pipeline: Any = None
 
     @property
@@ -153,15 +165,65 @@ class _Applier:
         if self._index is None:
             from rag_app.store import VectorIndex
 
-            self._index = VectorIndex(self.settings, self.model)
+            self._index = VectorIndex(self.settings, self.settings.embedding_model)
         return self._index
+
+    def _second_channel(self) -> tuple[Any, Any]:
+        """The second dense model's collection and encoder (USE-m3 by default: a cheap second opinion)."""
+        if self._second_index is None:
+            from rag_app.embeddings import load_embedding
+            from rag_app.store import VectorIndex
+
+            self._second_index = VectorIndex(self.settings, str(self.second), client=self.index.client)
+            self._second_embed = load_embedding(str(self.second))
+            self.report.model_loaded = True
+        return self._second_index, self._second_embed
+
+    def _add_second(self, nodes: list[Any]) -> None:
+        """Embed the same chunk texts with the second model into its own collection."""
+        if not self.second or not nodes:
+            return
+        index, embed = self._second_channel()
+        from llama_index.core.schema import MetadataMode
+
+        vectors = embed.get_text_embedding_batch([n.get_content(metadata_mode=MetadataMode.EMBED) for n in nodes])
+        copies = []
+        for node, vector in zip(nodes, vectors, strict=True):
+            copy = node.model_copy()
+            copy.embedding = vector
+            copies.append(copy)
+        index.vector_store().add(copies)
+
+    def add_second_only(self, records: list[NoteRecord]) -> None:
+        """Notes embedded before the second model was configured: add its vectors, keep the main ones."""
+        from llama_index.core.schema import NodeRelationship, RelatedNodeInfo, TextNode
+
+        from rag_app.pipeline import EMBED_KEYS
+
+        ids = [r.id for r in records]
+        for start in range(0, len(ids), 200):
+            batch = ids[start : start + 200]
+            index, _ = self._second_channel()
+            index.forget(batch)
+            nodes = []
+            for chunk_id, note_id, text, meta in self.manifest.chunks_for_notes(batch):
+                hidden = [k for k in meta if k not in EMBED_KEYS]
+                node = TextNode(id_=chunk_id, text=text, metadata=meta, excluded_embed_metadata_keys=hidden,
+                                excluded_llm_metadata_keys=hidden, metadata_template="{value}",
+                                metadata_separator="\n", text_template="{metadata_str}\n\n{content}")
+                node.relationships[NodeRelationship.SOURCE] = RelatedNodeInfo(node_id=note_id)
+                nodes.append(node)
+            self._add_second(nodes)
+            with self.manifest.transaction():
+                self.manifest.set_model(batch, self.model)
+            self.report.embedded_chunks += len(nodes)
 
     def _get_pipeline(self) -> Any:
         if self._pipeline is None:
             from rag_app.embeddings import load_embedding
             from rag_app.pipeline import MarkdownChunker, build_pipeline
 
-            embed_model = load_embedding(self.model)
+            embed_model = load_embedding(self.settings.embedding_model)
             embed_model.set_progress_hook(self.progress.advance)
             self.report.model_loaded = True
             chunker = MarkdownChunker(max_chars=self.settings.chunk_max_chars, overlap=self.settings.chunk_overlap)
@@ -169,6 +231,8 @@ class _Applier:
         return self._pipeline
 
     def apply(self, source: str, plan: Plan) -> None:
+        if plan.second_only:
+            self.add_second_only(plan.second_only)
         if plan.to_embed:
             self._embed(source, plan.to_embed)
         if plan.deleted:
@@ -196,7 +260,10 @@ class _Applier:
         ids = [r.id for r in batch]
         old = self.manifest.entries_for(ids)
         self.index.forget(ids)
+        if self.second:
+            self._second_channel()[0].forget(ids)
         nodes = pipeline.run(documents=[r.to_document() for r in batch], store_doc_text=False)
+        self._add_second(nodes)
         by_note: dict[str, list[Any]] = {note_id: [] for note_id in ids}
         for node in nodes:
             by_note[node.ref_doc_id].append(node)
@@ -210,7 +277,9 @@ class _Applier:
                     for n in chunk_nodes
                     for meta in (_chunk_metadata(n.metadata),)
                 ]
-                self.manifest.put_note(record, source, self.model, self.chunker_id, [n.id_ for n in chunk_nodes])
+                kept = old[record.id].hash if self.keep_hashes and record.id in old else None
+                self.manifest.put_note(record, source, self.model, self.chunker_id, [n.id_ for n in chunk_nodes],
+                                       content_hash=kept)
             self.manifest.put_chunks(rows)
         self.index.mark_written()
         self.report.embedded_chunks += len(nodes)
@@ -219,6 +288,8 @@ class _Applier:
     def _delete(self, note_ids: list[str]) -> None:
         entries = self.manifest.entries_for(note_ids)
         self.index.forget(note_ids)
+        if self.second:
+            self._second_channel()[0].forget(note_ids)
         with self.manifest.transaction():
             self.manifest.delete_notes(note_ids)
         self.index.persist()
@@ -230,7 +301,7 @@ class _Applier:
             return
         from rag_app.store import drop_unused_collections
 
-        in_use = self.manifest.models_in_use() | {self.model}
+        in_use = self.manifest.models_in_use() | set(self.settings.models)
         dropped = drop_unused_collections(self.settings, self.index.client, in_use)
         for name in dropped:
             log.info("dropped collection %s (no note uses its model any more)", name)
@@ -240,17 +311,32 @@ def keyword_stamp(manifest: Manifest) -> str:
     return f"{manifest.generation()}/{TOKENIZER_VERSION}"
 
 
-def refresh_keyword_index(settings: Settings, manifest: Manifest) -> bool:
-    """Rebuild and save the BM25 index when chunks changed since it was saved. Returns whether it rebuilt."""
+def refresh_keyword_index(settings: Settings, manifest: Manifest, force: bool = False) -> bool:
+    """Rebuild and save the BM25 index when chunks changed since it was saved, or when `force`d. True if rebuilt."""
     from rag_app.keyword import KeywordIndex
 
     stamp = keyword_stamp(manifest)
     directory = settings.home / "bm25"
-    if (directory / "ids.json").exists() and _saved_stamp(directory) == stamp:
+    if not force and (directory / "ids.json").exists() and _saved_stamp(directory) == stamp:
         return False
     index = KeywordIndex.build(load_keyword_rows(manifest))
     index.save(directory, stamp)
     return True
+
+
+def reembed_stored(
+    settings: Settings, manifest: Manifest, records: dict[str, list[NoteRecord]], progress: Progress | None = None
+) -> SyncReport:
+    """Embed notes again from their stored text (source → records), in the same batches a sync uses.
+
+    For `brain doctor --repair`: no source is read. The caller holds the SyncLock and rebuilds BM25 afterwards.
+    """
+    report = SyncReport()
+    applier = _Applier(settings, manifest, report, progress or NoProgress(), keep_hashes=True)
+    for source, batch in records.items():
+        applier._embed(source, batch)
+    applier.finish()
+    return report
 
 
 def _saved_stamp(directory: Path) -> str | None:
@@ -323,7 +409,7 @@ def _sync_one(spec: SourceSpec, manifest: Manifest, applier: _Applier) -> Source
     plan = make_plan(manifest.entries(spec.name), listing.records, listing.kept_ids, applier.model, applier.chunker_id)
     _backfill_docs(manifest, spec.name, listing.records, plan)
     result.added, result.updated = len(plan.added), len(plan.changed)
-    result.deleted, result.unchanged = len(plan.deleted), plan.unchanged
+    result.deleted, result.unchanged = len(plan.deleted), plan.unchanged + len(plan.second_only)
     try:
         applier.apply(spec.name, plan)
     except Exception as exc:  # a store/model failure part-way: finished batches are committed, the rest retried

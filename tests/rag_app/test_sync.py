@@ -171,8 +171,21 @@ def test_model_change_reembeds_everything_into_a_new_collection_and_drops_the_ol
     report = Brain(home).sync(vaults=(str(vault),))
     assert (report.sources[0].updated, report.sources[0].unchanged) == (3, 0)
     client = chromadb.PersistentClient(path=str(home / "chroma"))
-    assert [c.name for c in client.list_collections()] == [collection_name("e5-small")]
-    assert chroma_ids(home, "e5-small") == manifest_chunk_ids(home)
+    assert {c.name for c in client.list_collections()} == {collection_name("e5-small"), collection_name("use-m3")}
+    assert chroma_ids(home, "e5-small") == manifest_chunk_ids(home) == chroma_ids(home, "use-m3")
+
+
+def test_adding_the_second_model_embeds_only_with_it(home, make_vault):
+    """Turning on the second dense channel adds its vectors; the main model's vectors are kept, not redone."""
+    vault = make_vault(NOTES)
+    (home / "config.toml").write_text('[embedding]\nmodel = "e5-small"\nsecond_model = ""\n', encoding="utf-8")
+    Brain(home).sync(vaults=(str(vault),))
+    (home / "config.toml").write_text('[embedding]\nmodel = "e5-small"\n', encoding="utf-8")
+    report = Brain(home).sync(vaults=(str(vault),))
+    assert (report.sources[0].updated, report.sources[0].unchanged) == (0, 3)
+    assert report.embedded_chunks == len(manifest_chunk_ids(home))
+    assert chroma_ids(home, "use-m3") == chroma_ids(home, "e5-small") == manifest_chunk_ids(home)
+    assert Brain(home).sync(vaults=(str(vault),)).embedded_chunks == 0
 
 
 def test_chunk_size_change_rechunks_every_note(home, make_vault):
