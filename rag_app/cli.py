@@ -281,5 +281,85 @@ def source_remove(ctx: click.Context, name: str, as_json: bool) -> None:
         click.echo(f"removed {result['removed']}: {result['notes']} notes")
         if result["still_in_config"]:
             click.echo("note: it is still listed in config.toml and will come back on the next sync", err=True)
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Interface to listen on; anything but this machine needs BRAIN_UI_USER and BRAIN_UI_PASSWORD.")
+@click.option("--port", default=7860, show_default=True, type=click.IntRange(1, 65535))
+@click.pass_context
+def serve(ctx: click.Context, host: str, port: int) -> None:
+    """The chat page: cited answers, filters, status, sync and related notes in the browser."""
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # app.py sits at the repo root, outside the package
+    import app
+
+    try:
+        app.serve(_open(ctx), host, port)
+    except ConfigError as exc:
+        _fail(str(exc), EXIT_USAGE)
+
+
+@main.command("mcp")
+@click.option("--http", "over_http", is_flag=True, help="Streamable HTTP instead of stdio (token: BRAIN_MCP_TOKEN).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="HTTP: address to listen on.")
+@click.option("--port", default=8765, show_default=True, type=click.IntRange(1, 65535), help="HTTP: port.")
+@click.pass_context
+def mcp(ctx: click.Context, over_http: bool, host: str, port: int) -> None:
+    """Serve search_notes, get_note, related_notes and brain_status to agents over MCP (stdio by default)."""
+    from tools import mcp_server
+
+    brain = _open(ctx)
+    try:
+        if over_http:
+            mcp_server.run_http(brain, host=host, port=port)
+        else:
+            mcp_server.run_stdio(brain)
+    except ConfigError as exc:
+        _fail(str(exc), EXIT_USAGE)
+
+
+@main.command("doctor")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON report.")
+@click.option("--repair", is_flag=True, help="Fix what disagrees (re-embeds only notes whose vectors are missing).")
+@click.option("--compact", is_flag=True, help="Rebuild the Chroma collections to reclaim space after heavy churn.")
+@click.pass_context
+def doctor_command(ctx: click.Context, as_json: bool, repair: bool, compact: bool) -> None:
+    """Check that Chroma, the manifest and the BM25 index hold the same chunks; exit 1 if they do not."""
+    try:
+        result = _open(ctx).doctor(repair=repair, compact=compact)
+    except SyncBusyError as exc:
+        _fail(str(exc), EXIT_BUSY)
+    if as_json:
+        _print_json(result)
+    else:
+        _print_doctor(result)
+    if not result["ok"]:
+        sys.exit(EXIT_FAILED)
+
+
+def _print_doctor(result: dict[str, Any]) -> None:
+    counts = result["counts"]
+    click.echo(f"{counts['notes']} notes: {counts['manifest_chunks']} chunks in the manifest, "
+               f"{counts['chunk_rows']} chunk rows, {counts['vectors']} vectors, {counts['bm25_ids']} in BM25")
+    if "repair" in result:
+        done = result["repair"]
+        click.echo(f"repaired: re-embedded {done['reembedded_notes']} notes ({done['embedded_chunks']} chunks), "
+                   f"deleted {done['deleted_vectors']} orphan vectors and {done['deleted_chunk_rows']} chunk rows, "
+                   "rebuilt BM25")
+        if done["needs_sync"]:
+            click.echo(f"  {len(done['needs_sync'])} notes had no stored text and were dropped: "
+                       "the next `brain sync` adds them again")
+    if "compact" in result:
+        done = result["compact"]
+        sizes = f"{done['bytes_before']} → {done['bytes_after']} bytes" if done["bytes_before"] is not None else ""
+        click.echo(f"compacted {len(done['collections'])} collection(s) {sizes}".rstrip())
+    for kind, found in result["problems"].items():
+        if found["count"]:
+            click.echo(f"{kind}: {found['count']} (e.g. {', '.join(found['examples'][:3])})")
+    click.echo("ok: the stores agree" if result["ok"] else "the stores disagree: run `brain doctor --repair`")
+
+
 if __name__ == "__main__":
     main()

@@ -108,14 +108,45 @@ class VectorIndex:
         return self.collection.count()
 
     def ids(self) -> set[str]:
-        out: set[str] = set()
-        offset = 0
-        while True:
-            got = self.collection.get(include=[], limit=5000, offset=offset)["ids"]
-            out.update(got)
-            if len(got) < 5000:
-                return out
-            offset += len(got)
+        return collection_ids(self.collection)
+
+
+def collection_ids(collection: Any) -> set[str]:
+    """Every id in a collection, read in pages (one `get` of a large collection is slow and memory-hungry)."""
+    out: set[str] = set()
+    offset = 0
+    while True:
+        got = collection.get(include=[], limit=5000, offset=offset)["ids"]
+        out.update(got)
+        if len(got) < 5000:
+            return out
+        offset += len(got)
+
+
+class LiveCollection:
+    """A collection for a long-lived reader: when its id vanishes (`brain doctor --compact` swapped in a rebuilt copy
+    under the same name), it is looked up again by name and the call is retried once."""
+
+    def __init__(self, client: Any, name: str):
+        self._client = client
+        self._name = name
+        self._collection = client.get_collection(name)
+
+    def __getattr__(self, attr: str) -> Any:
+        value = getattr(self._collection, attr)
+        if not callable(value):
+            return value
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            from chromadb.errors import NotFoundError
+
+            try:
+                return value(*args, **kwargs)
+            except NotFoundError:
+                self._collection = self._client.get_collection(self._name)
+                return getattr(self._collection, attr)(*args, **kwargs)
+
+        return call
 
 
 def drop_unused_collections(settings: Settings, client: Any, models_in_use: set[str]) -> list[str]:

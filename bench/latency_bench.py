@@ -1,0 +1,77 @@
+"""Search latency at 10k notes: warm p50/p95 per mode, split into query embedding (the model's own cost) and
+everything else (BM25, Chroma, fusion, dedup, excerpts); plus the cold wall time of a whole `brain search` process.
+
+usage: python bench/latency_bench.py [--notes 10000] [--model use-m3] [--queries 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from sync_bench import write_vault  # noqa: E402
+
+from rag_app.engine import Brain  # noqa: E402
+from tests.doubles.memos_server import _EN, _TAGS, _ZH  # noqa: E402
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--notes", type=int, default=10_000)
+    parser.add_argument("--model", default="use-m3")
+    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--out", default=str(REPO / "bench" / "out" / "latency"))
+    args = parser.parse_args()
+    out = Path(args.out)
+    home, vault = out / f"home-{args.model}-{args.notes}", out / f"vault-{args.notes}"
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.toml").write_text(f'[embedding]\nmodel = "{args.model}"\n', encoding="utf-8")
+    if not vault.exists():
+        write_vault(vault, args.notes)
+    started = time.perf_counter()
+    report = Brain(home).sync(vaults=(str(vault),))
+    status = Brain(home).status()
+    print(f"index: {status['notes']} notes, {status['chunks']} chunks ({args.model}); "
+          f"sync {time.perf_counter() - started:.0f} s, {report.embedded_chunks} chunks embedded this run")
+    rng = random.Random(3)
+    queries = [rng.choice(_ZH + _EN)[:rng.randint(4, 20)] for _ in range(args.queries)]
+    queries += [f"#{t} 笔记" for t in _TAGS]
+    brain = Brain(home)
+    brain.search("warm up", 10)
+    print("| mode | embed ms p50 | ours ms p50 | ours ms p95 | total ms p50 |")
+    print("|---|---|---|---|---|")
+    for mode in ("bm25", "vector", "hybrid"):
+        embed, ours, total = [], [], []
+        for query in queries:
+            response = brain.search(query, 10, mode=mode, expand=False)
+            embed.append(response.timing["embed_ms"])
+            ours.append(response.timing["ours_ms"])
+            total.append(response.timing["total_ms"])
+        print(f"| {mode} | {statistics.median(embed):.1f} | {statistics.median(ours):.1f} | "
+              f"{percentile(ours, 0.95):.1f} | {statistics.median(total):.1f} |")
+    walls = []
+    for query in ("电影清单", "quarterly review", "跑步 配速"):
+        began = time.perf_counter()
+        subprocess.run([str(Path(sys.executable).parent / "brain"), "--home", str(home), "search", query, "--json"],
+                       check=True, capture_output=True)
+        walls.append(time.perf_counter() - began)
+    print(f"cold `brain search` wall time (whole process, one query embedding included): "
+          f"best {min(walls):.2f} s, median {statistics.median(walls):.2f} s")
+
+
+if __name__ == "__main__":
+    main()
