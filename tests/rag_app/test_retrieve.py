@@ -77,7 +77,7 @@ def test_result_shape_and_citation_fields(sample_brain):
     assert 0 < len(first["excerpt"]) <= 300
     assert first["chunks"][0]["chunk_id"].startswith("vault:sample_vault/生活/电影清单.md:chunk:")
     assert len(first["chunks"]) <= 3
-    assert set(data["coverage"]["channels"]) == {"bm25", "vector"}
+    assert set(data["coverage"]["channels"]) == {"bm25", "vector", "vector2"}
     assert data["coverage"]["queries"] == ["电影清单"] and data["coverage"]["expanded"] is False
     json.dumps(data, ensure_ascii=False)
 
