@@ -50,6 +50,9 @@ class SearchIndex:
         self._client: Any = None
         self._collections: dict[str, Any] = {}
         self._embeds: dict[str, Any] = {}
+        self._sizes: dict[tuple[str, str], int] = {}
+        self._node_cache: dict[str, TextNode] = {}
+        self._node_stamp = ""
         self._attributes: dict[str, tuple[str, dict[str, Any]]] | None = None
         self._attr_stamp = ""
         self._query_vectors: dict[tuple[str, str], list[float]] = {}
@@ -88,6 +91,15 @@ class SearchIndex:
             except Exception:  # no collection yet: nothing synced with this model
                 return None
         return self._collections[model]
+
+    def collection_size(self, model: str | None = None) -> int:
+        """Chunks in a model's collection, counted once per index generation (a count costs milliseconds)."""
+        key = (model or self.settings.embedding_model, self.stamp)
+        if key not in self._sizes:
+            collection = self.collection(model)
+            self._sizes = {k: v for k, v in self._sizes.items() if k[1] == self.stamp}
+            self._sizes[key] = collection.count() if collection is not None else 0
+        return self._sizes[key]
 
     def embed_query(self, text: str, model: str | None = None) -> list[float]:
         model = model or self.settings.embedding_model
@@ -136,13 +148,13 @@ class SearchIndex:
         return out[:k]
 
     def nodes(self, scored: list[tuple[str, float]]) -> list[NodeWithScore]:
-        rows = self.manifest.chunks_by_id([c for c, _ in scored])
-        out = []
-        for chunk_id, score in scored:
-            if chunk_id in rows:
-                note_id, text, meta = rows[chunk_id]
-                out.append(NodeWithScore(node=TextNode(id_=chunk_id, text=text, metadata=meta), score=score))
-        return out
+        """Scored chunk ids → nodes; a node is built once per index generation (pydantic models are costly to make)."""
+        if self._node_stamp != self.stamp:
+            self._node_cache, self._node_stamp = {}, self.stamp
+        missing = [c for c, _ in scored if c not in self._node_cache]
+        for chunk_id, (_, text, meta) in self.manifest.chunks_by_id(missing).items():
+            self._node_cache[chunk_id] = TextNode(id_=chunk_id, text=text, metadata=meta)
+        return [NodeWithScore(node=self._node_cache[c], score=score) for c, score in scored if c in self._node_cache]
 
 
 def _note_date(meta: dict[str, Any]) -> dt.date | None:
@@ -226,7 +238,8 @@ class VectorRetriever(BaseRetriever):
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         collection = self.index.collection(self.model)
-        if collection is None or collection.count() == 0 or (self.allowed is not None and not self.allowed):
+        size = self.index.collection_size(self.model)
+        if collection is None or size == 0 or (self.allowed is not None and not self.allowed):
             return []
         vector = self.index.embed_query(query_bundle.query_str, self.model)
         if self.allowed is not None and len(self.allowed) <= self.EXACT_LIMIT:
@@ -236,7 +249,7 @@ class VectorRetriever(BaseRetriever):
             sims = np.asarray(got["embeddings"], dtype=np.float32) @ np.asarray(vector, dtype=np.float32)
             order = np.argsort(-sims)[: self.top_k]
             return self.index.nodes([(got["ids"][i], float(sims[i])) for i in order])
-        n = min(self.top_k * (4 if self.allowed is not None else 1), collection.count())
+        n = min(self.top_k * (4 if self.allowed is not None else 1), size)
         got = collection.query(query_embeddings=[vector], n_results=n, include=["distances"])
         pairs = [(cid, 1.0 - float(d)) for cid, d in zip(got["ids"][0], got["distances"][0], strict=True)]
         if self.allowed is not None:
@@ -405,15 +418,15 @@ def collapse(index: SearchIndex, fused: list[NodeWithScore], k: int, per_note: i
     for hit in fused:
         by_note.setdefault(str(hit.node.metadata.get("note_id")), []).append(hit)
     order = sorted(by_note, key=lambda n: by_note[n][0].score or 0.0, reverse=True)
-    texts = index.manifest.chunks_of_notes(order[: k * 3])
+    texts = index.manifest.chunks_of_notes(order[: k * 2])
     seen_hash: dict[str, dict[str, Any]] = {}
     results: list[dict[str, Any]] = []
     terms = _highlight_terms(query)
     for note_id in order:
         if len(results) >= k:
             break
-        body = "\n".join(texts.get(note_id, []))
-        digest = hashlib.sha256(re.sub(r"\s+", " ", body).strip().encode()).hexdigest() if body else note_id
+        body = "\x00".join(texts.get(note_id, []))
+        digest = hashlib.sha256(body.encode()).hexdigest() if body else note_id
         if digest in seen_hash:
             seen_hash[digest]["duplicates"].append(note_id)
             continue
