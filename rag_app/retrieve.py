@@ -377,12 +377,19 @@ def search(
         raise SearchError(f"mode must be hybrid, bm25 or vector, got {mode!r}")
     filters = filters or SearchFilters()
     text, time_range = extract_time_range(query, today)
+    ignored_phrase = None
+    unfiltered = filters
     if time_range and not (filters.since or filters.until):
         filters = SearchFilters(filters.sources, filters.tags, filters.path_prefix, time_range.since, time_range.until,
                                 filters.exclude_private)
     else:
         text, time_range = query, None
     allowed = index.allowed(filters)
+    if time_range and not allowed:
+        # "1998年谁夺冠" names a year without asking for notes written then: no note is dated in that range, so the
+        # phrase stays part of the question instead of filtering everything away.
+        ignored_phrase, text, time_range, filters = time_range.phrase, query, None, unfiltered
+        allowed = index.allowed(filters)
     config = index.config
     channels: list[tuple[str, BaseRetriever]] = []
     if mode in ("hybrid", "bm25"):
@@ -405,6 +412,7 @@ def search(
         "expanded": len(fusion.queries_run) > 1,
         "filters": filters.to_dict(),
         "time_phrase": time_range.to_dict() if time_range else None,
+        "time_phrase_ignored": ignored_phrase,
         "notes_considered": len({n.node.metadata.get("note_id") for n in fused}),
     }
     return SearchResponse(query, results, coverage,

@@ -98,6 +98,14 @@ def test_time_phrase_becomes_a_filter_and_is_removed_from_the_query(sample_brain
     assert all(r["created"][:7] == "2024-03" for r in response.results)
 
 
+def test_a_year_no_note_is_dated_in_stays_part_of_the_question(sample_brain):
+    response = sample_brain.search("1998年的电影清单", 3)
+    assert response.coverage["time_phrase"] is None
+    assert response.coverage["time_phrase_ignored"] == "1998年"
+    assert response.coverage["queries"] == ["1998年的电影清单"]
+    assert response.results[0]["path"] == "生活/电影清单.md"
+
+
 def test_relative_time_phrase_uses_today(sample_brain):
     from rag_app.retrieve import search
 
