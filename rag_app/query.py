@@ -23,7 +23,7 @@ class RetrievalConfig:
 
     fusion: str = "adaptive"
     rrf_k: int = 10
-    bm25_weight: float = 2.0
+    bm25_weight: float = 0.75
     vector_weight: float = 1.0
     second_weight: float = 3.0
     second_gate: float = 4.0
