@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from rag_app.config import Settings
+from rag_app.config import FAST_EMBEDDING, Settings
 
 MAX_QUERY_CHARS = 2000
 VARIANT_LINE = re.compile(r"^\s*(?:[-*•]|\(?\d{1,2}[.、)）:：]|[（(]\d{1,2}[)）]|q\d+[:.]?)\s*", re.IGNORECASE)
@@ -27,6 +27,7 @@ class RetrievalConfig:
     vector_weight: float = 1.0
     second_weight: float = 3.0
     second_gate: float = 4.0
+    fast_only: bool = False
     candidates: int = 50
     chunks_per_note: int = 3
     num_queries: int = 1
@@ -35,6 +36,10 @@ class RetrievalConfig:
     @staticmethod
     def from_settings(settings: Settings) -> RetrievalConfig:
         config = RetrievalConfig()
+        if settings.models == [FAST_EMBEDDING]:
+            # USE-m3 alone is weak on plain lookups: it becomes the gated channel and BM25 leads (tuned on the dev sets)
+            config.fast_only = True
+            config.bm25_weight, config.second_weight, config.second_gate = 2.0, 2.0, 6.0
         for key, value in settings.retrieval.items():
             if not hasattr(config, key):
                 raise SearchError(f"[retrieval] has no setting {key!r}")

@@ -273,7 +273,10 @@ class NoteFusionRetriever(QueryFusionRetriever):
         self.config = config
         self.variants = [v for v in (variants or []) if v.strip()]
         num_queries = 1 + len(self.variants) if self.variants else (config.num_queries if llm is not None else 1)
+        # The USE-m3 channel is the one gated by BM25 coverage: the second channel, or the only one in fast mode.
+        self.gated = "vector" if config.fast_only else "vector2"
         by_name = {"bm25": config.bm25_weight, "vector": config.vector_weight, "vector2": config.second_weight}
+        by_name[self.gated] = config.second_weight
         weights = [by_name[n] for n in names]
         super().__init__(
             retrievers,
@@ -313,7 +316,7 @@ class NoteFusionRetriever(QueryFusionRetriever):
                 coverage = self._bm25_coverage(query)
                 if name == "bm25" and coverage is not None:
                     weight *= coverage**self.config.coverage_power
-                elif name == "vector2" and coverage is not None:
+                elif name == self.gated and coverage is not None:
                     weight *= (1.0 - coverage) ** self.config.second_gate
             self.channel_weights[name].append(round(weight, 3))
             for rank, hit in enumerate(hits):
