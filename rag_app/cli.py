@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from rag_app.engine import Brain, ConfigError, SearchError, SourceReport, SyncBusyError
+from rag_app.engine import Brain, ConfigError, SearchError, SourceReport, StoreError, SyncBusyError
 
 EXIT_FAILED, EXIT_USAGE, EXIT_BUSY = 1, 2, 3
 
@@ -331,6 +331,8 @@ def doctor_command(ctx: click.Context, as_json: bool, repair: bool, compact: boo
         result = _open(ctx).doctor(repair=repair, compact=compact)
     except SyncBusyError as exc:
         _fail(str(exc), EXIT_BUSY)
+    except StoreError as exc:
+        _fail(str(exc), EXIT_USAGE)
     if as_json:
         _print_json(result)
     else:

@@ -15,6 +15,7 @@ from rag_app.config import ConfigError, Settings, SourceSpec, load_settings, mem
 from rag_app.graph import LinkGraph
 from rag_app.manifest import Manifest
 from rag_app.query import SearchError, SearchFilters
+from rag_app.store import StoreError
 from rag_app.sync import Progress, SourceReport, SyncBusyError, SyncLock, SyncReport, sync_sources
 from readers.records import decode_list
 
@@ -22,8 +23,8 @@ if TYPE_CHECKING:
     from rag_app.answer import AnswerResponse
     from rag_app.retrieve import SearchIndex, SearchResponse
 
-__all__ = ["Brain", "ConfigError", "NoteNotFound", "Progress", "SearchError", "SourceReport", "SyncBusyError",
-           "SyncReport"]
+__all__ = ["Brain", "ConfigError", "NoteNotFound", "Progress", "SearchError", "SourceReport", "StoreError",
+           "SyncBusyError", "SyncReport"]
 
 
 class Brain:
