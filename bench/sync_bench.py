@@ -79,13 +79,15 @@ def main() -> None:
     parser.add_argument("--notes", type=int, default=3000)
     parser.add_argument("--model", default="e5-small")
     parser.add_argument("--sample", type=int, default=600, help="chunks for the raw encode rate")
+    parser.add_argument("--second-model", default=None, help='"" to sync without the second dense channel')
     parser.add_argument("--out", default=str(REPO / "bench" / "out" / "sync"))
     args = parser.parse_args()
     out = Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
     home, vault = out / "home", out / "vault"
     home.mkdir(parents=True)
-    (home / "config.toml").write_text(f'[embedding]\nmodel = "{args.model}"\n', encoding="utf-8")
+    second = f'second_model = "{args.second_model}"\n' if args.second_model is not None else ""
+    (home / "config.toml").write_text(f'[embedding]\nmodel = "{args.model}"\n{second}', encoding="utf-8")
     notes = write_vault(vault, args.notes)
     server = subprocess.Popen(
         [sys.executable, str(REPO / "tests/doubles/memos_server.py"), "--mode", "head", "--count", str(args.memos),
