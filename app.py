@@ -114,7 +114,7 @@ class ChatPage:
     def __init__(self, brain: Brain, obsidian: bool | None = None):
         self.brain = brain
         self.obsidian = bool(brain.settings.serve.get("obsidian", False)) if obsidian is None else obsidian
-        # One thread owns the Brain: its SQLite handles refuse other threads, and requests must not interleave.
+        # One worker runs engine calls: answers stream from it while the page yields; a sync never overlaps a question.
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="brain")
 
     def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -11,7 +11,6 @@ import inspect
 import json
 import logging
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
 
 from pydantic import Field
@@ -60,13 +59,12 @@ class ToolReply(NamedTuple):
 class BrainTools:
     """One Brain behind the agent tools. The tool methods' docstrings are the descriptions agents read.
 
-    Every call runs on one worker thread: the engine's SQLite manifest only works on the thread that opened it,
-    while LlamaIndex and MCP call tools from whichever thread or event loop they like.
+    LlamaIndex and MCP call tools from whichever thread or event loop they like; the engine serialises its own use
+    of the index, so calls go straight to it (async ones on a worker thread, to keep the event loop free).
     """
 
     def __init__(self, brain: Brain) -> None:
         self.brain = brain
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="brain-tools")
 
     def search_notes(
         self,
@@ -150,10 +148,10 @@ class BrainTools:
         return inspect.getdoc(getattr(BrainTools, name)) or name
 
     def call(self, name: str, arguments: dict[str, Any]) -> ToolReply:
-        return self._worker.submit(self._invoke, name, arguments).result()
+        return self._invoke(name, arguments)
 
     async def acall(self, name: str, arguments: dict[str, Any]) -> ToolReply:
-        return await asyncio.wrap_future(self._worker.submit(self._invoke, name, arguments))
+        return await asyncio.to_thread(self._invoke, name, arguments)
 
     def _invoke(self, name: str, arguments: dict[str, Any]) -> ToolReply:
         """Run one tool; whatever goes wrong comes back as a one-line JSON error the agent can read."""
@@ -174,10 +172,7 @@ class BrainTools:
 
 
 def brain_tools(brain: Brain) -> list["FunctionTool"]:
-    """The four tools as LlamaIndex FunctionTools for any agent (FunctionAgent, ReActAgent); results are JSON text.
-
-    Give it a Brain not yet searched on another thread: its calls run on the tools' own worker thread.
-    """
+    """The four tools as LlamaIndex FunctionTools for any agent (FunctionAgent, ReActAgent); results are JSON text."""
     from llama_index.core.tools import FunctionTool  # here, not at the top: the MCP server starts without it
 
     tools = BrainTools(brain)
