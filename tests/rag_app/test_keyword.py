@@ -1,0 +1,57 @@
+"""The keyword channel's tokenizer and BM25 index: Chinese segmented, Traditional folded, English stemmed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from rag_app.keyword import KeywordIndex, tokenize
+from tests.conftest import REPO
+
+
+def test_chinese_is_segmented_into_words_and_bigrams() -> None:
+    tokens = tokenize("我想看电影清单")
+    assert {"电影", "清单"} <= set(tokens)
+    assert "影清" in tokens  # bigrams catch words the dictionary splits differently
+    assert "我想看电影清单" not in tokens
+
+
+def test_traditional_chinese_folds_to_simplified() -> None:
+    assert set(tokenize("電影清單")) == set(tokenize("电影清单"))
+
+
+def test_english_is_lowercased_stemmed_and_stopwords_dropped() -> None:
+    assert tokenize("The Running Dogs") == ["run", "dog"]
+
+
+def test_identifiers_stay_whole_and_in_parts() -> None:
+    tokens = tokenize("ERR_CONN_RESET at api.example.com")
+    assert "api.example.com" in tokens
+    assert {"api", "exampl", "com"} <= set(tokens)
+
+
+def test_bm25_ranks_the_note_that_has_the_words() -> None:
+    index = KeywordIndex.build([("a", tokenize("周末观影：电影清单")), ("b", tokenize("跑步训练计划")),
+                                ("c", tokenize("grocery list"))])
+    assert index.search(tokenize("电影"), 3)[0][0] == "a"
+    assert index.search(tokenize("无关词"), 3) == []
+
+
+def _tokenize_in_fresh_process(cache_home: Path) -> str:
+    code = "from rag_app.keyword import tokenize; print(' '.join(tokenize('我想看电影清单')))"
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache_home)}
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def test_jieba_dictionary_is_cached_per_user_and_a_damaged_cache_is_rebuilt(tmp_path: Path) -> None:
+    first = _tokenize_in_fresh_process(tmp_path)
+    caches = list((tmp_path / "cflow-brain").glob("jieba-*.pickle"))
+    assert len(caches) == 1 and caches[0].stat().st_size > 1_000_000
+    assert (tmp_path / "cflow-brain").stat().st_mode & 0o077 == 0
+    assert _tokenize_in_fresh_process(tmp_path) == first
+    caches[0].write_bytes(b"not a pickle")
+    assert _tokenize_in_fresh_process(tmp_path) == first
+    assert caches[0].stat().st_size > 1_000_000
