@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-TOKENIZER_VERSION = "kw-v1"
+TOKENIZER_VERSION = "kw-v2"
 _RUNS = re.compile(r"([\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+)|([a-z0-9]+(?:[._\-/:@][a-z0-9]+)*)")
 _WORD = re.compile(r"[a-z0-9]+")
 _HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
@@ -95,8 +95,12 @@ def to_simplified(text: str) -> str:
     return zhconv.convert(text, "zh-cn")
 
 
-def tokenize(text: str, bigrams: bool = True) -> list[str]:
-    """Tokens for BM25: jieba search-mode words (+ Han bigrams), English stems, identifiers whole and in parts."""
+def tokenize(text: str) -> list[str]:
+    """Tokens for BM25: jieba search-mode words, English stems, identifiers whole and in parts.
+
+    No Han character bigrams: measured on the dev sets they cost BM25 0.027 nDCG@10 on rgb_zh_dev (0.714 → 0.687)
+    and gained nothing elsewhere; spurious pairs across word boundaries ("电影清单" → "影清") match unrelated notes.
+    """
     text = to_simplified(unicodedata.normalize("NFKC", text).lower())
     tokens: list[str] = []
     jieba = None
@@ -104,11 +108,7 @@ def tokenize(text: str, bigrams: bool = True) -> list[str]:
         han, latin = match.groups()
         if han:
             jieba = jieba or _jieba()
-            words = [w for w in jieba.cut_for_search(han) if w not in ZH_STOPWORDS]
-            tokens.extend(words)
-            if bigrams and len(han) > 2:
-                seen = set(words)
-                tokens.extend(b for b in (han[i : i + 2] for i in range(len(han) - 1)) if b not in seen)
+            tokens.extend(w for w in jieba.cut_for_search(han) if w not in ZH_STOPWORDS)
             continue
         words = _WORD.findall(latin)
         if len(words) > 1:
@@ -143,6 +143,26 @@ class KeywordIndex:
             self._df = indptr[1:] - indptr[:-1]
         df = float(self._df[column])
         return float(np.log(1 + (len(self.ids) - df + 0.5) / (df + 0.5))) if df else None
+
+    def match_share(self, query_tokens: list[str], chunk_ids: list[str]) -> dict[str, float]:
+        """Per chunk, the IDF-weighted share of the query's tokens it contains (0..1), read from the index's posting
+        lists. Tokens no chunk has count in the denominator at the highest IDF seen: a query the notes only half
+        cover never reaches 1."""
+        idfs = [self.idf(t) for t in query_tokens]
+        known = [i for i in idfs if i is not None]
+        if not known or not chunk_ids:
+            return {c: 0.0 for c in chunk_ids}
+        ceiling = max(known)
+        total = sum(i if i is not None else ceiling for i in idfs)
+        rows = np.asarray([self.row.get(c, -1) for c in chunk_ids])
+        got = np.zeros(len(chunk_ids), dtype=np.float64)
+        indptr, indices = self.bm25.scores["indptr"], self.bm25.scores["indices"]
+        for token, idf in zip(query_tokens, idfs, strict=True):
+            if idf is None:
+                continue
+            column = self.bm25.vocab_dict[token]
+            got += idf * np.isin(rows, indices[indptr[column] : indptr[column + 1]])
+        return {c: float(g / total) for c, g in zip(chunk_ids, got, strict=True)}
 
     @staticmethod
     def build(rows: Iterable[tuple[str, list[str]]]) -> KeywordIndex:

@@ -207,10 +207,6 @@ class Manifest:
         """(chunk_id, tokens or None, text, metadata json) for every chunk, in a stable order."""
         return self.db.execute("SELECT chunk_id, tokens, text, metadata FROM chunks ORDER BY chunk_id").fetchall()
 
-    def chunk_token_set(self, chunk_id: str) -> set[str]:
-        row = self.db.execute("SELECT tokens FROM chunks WHERE chunk_id = ?", (chunk_id,)).fetchone()
-        return set(row[0].split()) if row and row[0] else set()
-
     def set_tokens(self, rows: list[tuple[str, str]]) -> None:
         self.db.executemany("UPDATE chunks SET tokens = ? WHERE chunk_id = ?", [(t, c) for c, t in rows])
 

@@ -22,11 +22,12 @@ class RetrievalConfig:
     """[retrieval] in config.toml. Defaults were tuned on the dev sets in ../shared/eval (docs/retrieval.md)."""
 
     fusion: str = "adaptive"
-    rrf_k: int = 10
-    bm25_weight: float = 0.75
+    rrf_k: int = 7
+    bm25_weight: float = 0.25
     vector_weight: float = 1.0
     second_weight: float = 3.0
     second_gate: float = 4.0
+    lexical_weight: float = 1.5
     fast_only: bool = False
     candidates: int = 50
     chunks_per_note: int = 3
@@ -39,7 +40,7 @@ class RetrievalConfig:
         if settings.models == [FAST_EMBEDDING]:
             # USE-m3 alone is weak on plain lookups: it becomes the gated channel and BM25 leads (tuned on the dev sets)
             config.fast_only = True
-            config.bm25_weight, config.second_weight, config.second_gate = 2.0, 2.0, 6.0
+            config.bm25_weight, config.second_weight, config.second_gate, config.lexical_weight = 0.5, 2.0, 4.0, 1.0
         for key, value in settings.retrieval.items():
             if not hasattr(config, key):
                 raise SearchError(f"[retrieval] has no setting {key!r}")

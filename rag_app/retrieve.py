@@ -190,28 +190,25 @@ class KeywordRetriever(BaseRetriever):
         super().__init__()
         self.index, self.top_k, self.allowed = index, top_k, allowed
         self.coverage: dict[str, float] = {}
+        self.tokens: dict[str, list[str]] = {}
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         tokens = tokenize(query_bundle.query_str)
+        self.tokens[query_bundle.query_str] = tokens
         hits = self._search(tokens)
-        self.coverage[query_bundle.query_str] = self._coverage(tokens, hits[0][0]) if hits else 0.0
+        self.coverage[query_bundle.query_str] = self.match_share(query_bundle.query_str, [hits[0][0]])[hits[0][0]] \
+            if hits else 0.0
         return self.index.nodes(hits)
 
-    def _coverage(self, tokens: list[str], top_chunk: str) -> float:
-        """IDF-weighted share of the query's terms present in the best chunk; terms no note has count in full.
+    def match_share(self, query: str, chunk_ids: list[str]) -> dict[str, float]:
+        """IDF-weighted share of the query's terms each chunk contains; terms no note has count in full.
 
-        Low coverage means BM25 matched only common or partial words: its ranking says little about meaning.
+        Low coverage of the best chunk means BM25 matched only common or partial words: its ranking says little.
         """
-        keyword = self.index.keyword()
-        idfs = [keyword.idf(t) for t in tokens]
-        known = [i for i in idfs if i is not None]
-        if not known:
-            return 0.0
-        ceiling = max(known)
-        have = set(self.index.manifest.chunk_token_set(top_chunk))
-        total = sum(i if i is not None else ceiling for i in idfs)
-        got = sum(i for t, i in zip(tokens, idfs, strict=True) if i is not None and t in have)
-        return got / total if total else 0.0
+        tokens = self.tokens.get(query)
+        if tokens is None:
+            tokens = self.tokens[query] = tokenize(query)
+        return self.index.keyword().match_share(tokens, chunk_ids)
 
     def _search(self, tokens: list[str]) -> list[tuple[str, float]]:
         keyword = self.index.keyword()
@@ -278,6 +275,8 @@ class NoteFusionRetriever(QueryFusionRetriever):
         by_name = {"bm25": config.bm25_weight, "vector": config.vector_weight, "vector2": config.second_weight}
         by_name[self.gated] = config.second_weight
         weights = [by_name[n] for n in names]
+        # QueryFusionRetriever divides channel weights by their sum; the lexical-match term is scaled alike
+        self.lexical_scale = config.lexical_weight / (sum(weights) or 1.0)
         super().__init__(
             retrievers,
             llm=llm or MockLLM(),
@@ -323,8 +322,29 @@ class NoteFusionRetriever(QueryFusionRetriever):
                 chunk_id = hit.node.node_id
                 fused[chunk_id] = fused.get(chunk_id, 0.0) + weight / (self.config.rrf_k + rank + 1)
                 nodes.setdefault(chunk_id, hit)
+        if self.config.fusion == "adaptive" and len(self.names) > 1:
+            self._add_lexical_match(fused)
         ranked = sorted(fused, key=lambda c: fused[c], reverse=True)
         return [NodeWithScore(node=nodes[c].node, score=fused[c]) for c in ranked]
+
+    def _add_lexical_match(self, fused: dict[str, float]) -> None:
+        """Reward every candidate, whichever channel found it, by the share of the query's words it contains.
+
+        BM25's *rank* is a weak signal among same-topic notes that all contain the query's words (it then orders
+        by term counts and length); whether a note has the words at all is a strong one. Scaled by how well the
+        best chunk covers the query, so a query the notes never phrase that way is left to the dense channels.
+        """
+        if "bm25" not in self.names or not self.lexical_scale:
+            return
+        keyword: KeywordRetriever = self._retrievers[self.names.index("bm25")]  # type: ignore[assignment]
+        candidates = list(fused)
+        for query in self.queries_run:
+            coverage = keyword.coverage.get(query)
+            if not coverage:
+                continue
+            scale = self.lexical_scale * coverage / (self.config.rrf_k + 1)
+            for chunk_id, share in keyword.match_share(query, candidates).items():
+                fused[chunk_id] += scale * share
 
     def _bm25_coverage(self, query: str) -> float | None:
         if "bm25" not in self.names:
@@ -474,7 +494,7 @@ def _result(note_id: str, hits: list[NodeWithScore], terms: list[str]) -> dict[s
 
 
 def _highlight_terms(query: str) -> list[str]:
-    terms = [t for t in tokenize(query, bigrams=False) if len(t) > 1]
+    terms = [t for t in tokenize(query) if len(t) > 1]
     return sorted(set(terms), key=len, reverse=True)
 
 

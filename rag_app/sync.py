@@ -317,7 +317,8 @@ def refresh_keyword_index(settings: Settings, manifest: Manifest, force: bool = 
 
     stamp = keyword_stamp(manifest)
     directory = settings.home / "bm25"
-    if not force and (directory / "ids.json").exists() and _saved_stamp(directory) == stamp:
+    current_tokens = manifest.get_meta("tokenizer_version") == TOKENIZER_VERSION
+    if not force and current_tokens and (directory / "ids.json").exists() and _saved_stamp(directory) == stamp:
         return False
     index = KeywordIndex.build(load_keyword_rows(manifest))
     index.save(directory, stamp)
@@ -347,16 +348,18 @@ def _saved_stamp(directory: Path) -> str | None:
 
 
 def load_keyword_rows(manifest: Manifest) -> list[tuple[str, list[str]]]:
-    """Cached tokens of every chunk; chunks written before tokens were cached get them now (once)."""
+    """Cached tokens of every chunk; chunks without tokens, or tokenized by an older tokenizer, get them now (once)."""
+    stale = manifest.get_meta("tokenizer_version") != TOKENIZER_VERSION
     rows, missing = [], []
     for chunk_id, tokens, text, metadata in manifest.chunk_tokens():
-        if tokens is None:
+        if tokens is None or stale:
             tokens = " ".join(tokenize(chunk_index_text(text, json.loads(metadata))))
             missing.append((chunk_id, tokens))
         rows.append((chunk_id, tokens.split()))
-    if missing:
+    if missing or stale:
         with manifest.transaction():
             manifest.set_tokens(missing)
+            manifest.set_meta("tokenizer_version", TOKENIZER_VERSION)
     return rows
 
 
@@ -377,6 +380,8 @@ def sync_sources(
     with SyncLock(settings.home, settings.lock_wait_seconds):
         manifest = Manifest(settings.manifest_path)
         try:
+            if not manifest.counts() and manifest.get_meta("tokenizer_version") is None:
+                manifest.set_meta("tokenizer_version", TOKENIZER_VERSION)  # a new home: its tokens are all current
             applier = _Applier(settings, manifest, report, progress)
             for spec in specs:
                 source_report = _sync_one(spec, manifest, applier)

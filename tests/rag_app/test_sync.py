@@ -78,6 +78,21 @@ def test_no_change_sync_imports_neither_llama_index_nor_chromadb(home, make_vaul
     assert out.stdout.split() == ["0", "False", "False", "False"]
 
 
+def test_a_tokenizer_upgrade_retokenizes_cached_chunks_once_without_embedding(home, make_vault):
+    vault = make_vault(NOTES)
+    Brain(home).sync(vaults=(str(vault),))
+    manifest = Manifest(home / "index.sqlite")
+    fresh = dict((c, t) for c, t, _, _ in manifest.chunk_tokens())
+    manifest.set_tokens([(c, "stale tokens of an older tokenizer") for c in fresh])
+    manifest.set_meta("tokenizer_version", "kw-v1")
+    report = Brain(home).sync(vaults=(str(vault),))
+    assert report.embedded_chunks == 0
+    assert dict((c, t) for c, t, _, _ in manifest.chunk_tokens()) == fresh
+    manifest.close()
+    hits = Brain(home).search("ERR_CONN_RESET_4471", 3, mode="bm25").results
+    assert hits and hits[0]["path"] == "work/incident.md"
+
+
 def test_edit_delete_add_touch_exactly_those_notes(home, make_vault):
     vault = make_vault(NOTES)
     Brain(home).sync(vaults=(str(vault),))
