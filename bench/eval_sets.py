@@ -1,6 +1,8 @@
 """BEIR-layout eval sets from ../shared/eval turned into vaults, so benchmarks go through the real ingestion path.
 
 The data is read from where it lies (its licences forbid copying it into the repo); vaults are written under bench/out.
+Traditional Chinese variants are derived by conversion (zhconv, zh-tw): `SET@hant-q` asks the queries in Traditional
+against the set's own (Simplified) notes; `SET@hant` converts notes and queries both (a vault of its own).
 """
 
 from __future__ import annotations
@@ -21,14 +23,29 @@ class EvalSet:
     corpus_path: Path
     vault_dir: Path | None = None
     path_to_doc: dict[str, str] = field(default_factory=dict)
+    script: str = ""
+
+    @property
+    def home_name(self) -> str:
+        """The synced home this set searches: query-only variants share their base set's home."""
+        return self.name.partition("@")[0] if self.script == "hant-q" else self.name
+
+
+def _traditional(text: str) -> str:
+    import zhconv
+
+    return zhconv.convert(text, "zh-tw")
 
 
 def load_set(shared: Path, name: str) -> EvalSet:
-    root = shared / "eval" / name
+    base, _, script = name.partition("@")
+    if script not in ("", "hant", "hant-q"):
+        raise ValueError(f"unknown variant @{script} (use @hant or @hant-q)")
+    root = shared / "eval" / base
     queries = {}
     for line in (root / "queries.jsonl").open(encoding="utf-8"):
         row = json.loads(line)
-        queries[str(row["_id"])] = str(row["text"])
+        queries[str(row["_id"])] = _traditional(str(row["text"])) if script else str(row["text"])
     qrels: dict[str, dict[str, int]] = {}
     for n, line in enumerate((root / "qrels.tsv").open(encoding="utf-8")):
         parts = line.rstrip("\n").split("\t")
@@ -36,7 +53,7 @@ def load_set(shared: Path, name: str) -> EvalSet:
             continue
         qrels.setdefault(parts[0], {})[parts[1]] = int(parts[2])
     queries = {q: t for q, t in queries.items() if q in qrels}
-    return EvalSet(name, queries, qrels, root / "corpus.jsonl")
+    return EvalSet(name, queries, qrels, root / "corpus.jsonl", script=script)
 
 
 def _safe(doc_id: str) -> str:
@@ -51,7 +68,7 @@ def materialise(shared: Path, eval_set: EvalSet, out: Path) -> EvalSet:
             doc_id = json.loads(line)["_id"]
             eval_set.path_to_doc[doc_id] = doc_id
         return eval_set
-    vault = out / "vaults" / eval_set.name
+    vault = out / "vaults" / eval_set.home_name
     vault.mkdir(parents=True, exist_ok=True)
     for line in eval_set.corpus_path.open(encoding="utf-8"):
         row = json.loads(line)
@@ -60,6 +77,8 @@ def materialise(shared: Path, eval_set: EvalSet, out: Path) -> EvalSet:
         eval_set.path_to_doc[rel] = doc_id
         title = str(row.get("title") or "").replace("\n", " ").strip()
         body = str(row.get("text") or "")
+        if eval_set.script == "hant":
+            title, body = _traditional(title), _traditional(body)
         front = f"---\ntitle: {json.dumps(title, ensure_ascii=False)}\n---\n" if title else ""
         target = vault / rel
         content = front + body + "\n"

@@ -53,6 +53,7 @@ def channel_cache(shared: Path, name: str, model: str) -> dict:
         top = rows["bm25"][0][0] if rows["bm25"] else None
         rows["top_tokens"] = set(index.manifest.db.execute("SELECT tokens FROM chunks WHERE chunk_id = ?", (top,))
                                  .fetchone()[0].split()) if top else set()
+        rows["shares"] = keyword.match_share(tokens, sorted({h[0] for c in ("bm25", "vector") for h in rows[c]}))
         cache["queries"][query_id] = rows
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(pickle.dumps(cache))
@@ -139,6 +140,30 @@ def _three(row, p):
     return rrf(lists, p["k"])
 
 
+@variant("lexical")
+def _lexical(row, p):
+    """The default fusion (NoteFusionRetriever, adaptive): confidence- and coverage-weighted RRF plus the
+    lexical-match term (each candidate's IDF share of the query, scaled by the best chunk's coverage)."""
+    cov = coverage(row)
+    lists = [(row["bm25"], p["wb"] * cov * _clip(zconf(row["bm25"]))),
+             (row["vector"], p["wv"] * _clip(zconf(row["vector"])))]
+    if row.get("vector2"):
+        lists.append((row["vector2"], p["w2"] * (1 - cov) ** p["g"] * _clip(zconf(row["vector2"]))))
+    fused: dict[str, float] = {}
+    paths: dict[str, str] = {}
+    for hits, weight in lists:
+        for rank, (cid, _, path) in enumerate(hits):
+            fused[cid] = fused.get(cid, 0) + weight / (p["k"] + rank + 1)
+            paths[cid] = path
+    for cid in fused:
+        fused[cid] += p["lam"] * cov * row["shares"].get(cid, 0.0) / (p["k"] + 1)
+    return [(c, paths[c]) for c in sorted(fused, key=fused.get, reverse=True)]
+
+
+def _clip(z: float) -> float:
+    return min(2.0, max(0.2, z / 3))
+
+
 @variant("cov^a+z")
 def _covz(row, p):
     w = coverage(row) ** p["a"]
@@ -167,11 +192,16 @@ def main() -> None:
             other = channel_cache(Path(args.shared), name, args.second)
             for query_id, row in cache["queries"].items():
                 row["vector2"] = other["queries"][query_id]["vector"]
+                row["shares"] = {**other["queries"][query_id]["shares"], **row["shares"]}
         print("vector2 alone", " ".join(f"{evaluate(c, lambda r, p: [(x[0], x[2]) for x in r['vector2']], {}):.3f}"
                                          for c in caches.values()))
         for w2 in (0.5, 0.75, 1.0):
             params = {"a": 1, "wb": 1.5, "k": 10, "w2": w2}
             print("3ch", params, " ".join(f"{evaluate(c, VARIANTS['3ch'], params):.3f}" for c in caches.values()))
+        for lam in (0.0, 1.0, 1.5, 2.0):
+            params = {"wb": 0.25, "wv": 1.0, "w2": 3.0, "g": 4, "k": 7, "lam": lam}
+            scores = [evaluate(c, VARIANTS["lexical"], params) for c in caches.values()]
+            print("lexical", params, " ".join(f"{v:.3f}" for v in scores))
     grid = [{"a": a, "wb": wb, "k": k} for a in (1, 2, 3, 4) for wb in (0.5, 1.0, 1.5) for k in (10, 30, 60)]
     print("variant params " + " ".join(args.sets))
     for name in ("bm25", "vector", "rrf60"):

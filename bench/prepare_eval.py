@@ -26,7 +26,7 @@ def main() -> None:
         sys.exit(f"no eval sets under {shared}/eval (pass --shared)")
     for name in args.sets:
         eval_set = materialise(shared, load_set(shared, name), OUT)
-        home = OUT / "homes" / f"{name}-{args.model}"
+        home = OUT / "homes" / f"{eval_set.home_name}-{args.model}"
         home.mkdir(parents=True, exist_ok=True)
         (home / "config.toml").write_text(f'[embedding]\nmodel = "{args.model}"\n', encoding="utf-8")
         print(f"== {name} ({len(eval_set.path_to_doc)} docs) → {home}", flush=True)

@@ -27,7 +27,7 @@ OUT = Path(__file__).parent / "out"
 
 def run_set(shared: Path, name: str, model: str, modes: list[str], limit: int | None) -> list[str]:
     eval_set = materialise(shared, load_set(shared, name), OUT)
-    home = OUT / "homes" / f"{name}-{model}"
+    home = OUT / "homes" / f"{eval_set.home_name}-{model}"
     if not (home / "index.sqlite").exists():
         sys.exit(f"{home} is missing: run python bench/prepare_eval.py --model {model} {name}")
     brain = Brain(home)

@@ -55,3 +55,14 @@ def test_jieba_dictionary_is_cached_per_user_and_a_damaged_cache_is_rebuilt(tmp_
     caches[0].write_bytes(b"not a pickle")
     assert _tokenize_in_fresh_process(tmp_path) == first
     assert caches[0].stat().st_size > 1_000_000
+
+
+def test_match_share_is_the_idf_weighted_part_of_the_query_a_chunk_contains() -> None:
+    index = KeywordIndex.build([("full", tokenize("电影清单 周末")), ("half", tokenize("电影 票房")),
+                                ("none", tokenize("跑步 训练")), ("more", tokenize("清单 购物"))])
+    shares = index.match_share(tokenize("电影清单"), ["full", "half", "none", "unknown-chunk"])
+    assert shares["full"] == 1.0
+    assert 0.0 < shares["half"] < 1.0
+    assert shares["none"] == shares["unknown-chunk"] == 0.0
+    # a word no chunk has keeps even the best chunk below 1: the notes only half cover the query
+    assert index.match_share(tokenize("电影清单 火星"), ["full"])["full"] < 1.0

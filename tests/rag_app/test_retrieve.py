@@ -8,10 +8,13 @@ import subprocess
 import sys
 
 import pytest
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.schema import NodeWithScore, QueryBundle
 
+from rag_app.config import load_settings
 from rag_app.engine import Brain, SearchError
-from rag_app.query import parse_variants
-from rag_app.retrieve import excerpt
+from rag_app.query import RetrievalConfig, parse_variants
+from rag_app.retrieve import KeywordRetriever, NoteFusionRetriever, SearchIndex, excerpt
 from tests.conftest import REPO, SAMPLE_VAULT
 from tests.doubles.openai_server import OpenAIDouble
 
@@ -57,6 +60,45 @@ def test_exact_identifier_is_found_by_bm25_and_kept_by_hybrid(sample_brain):
 )
 def test_queries_in_both_scripts_and_languages(sample_brain, query, expected):
     assert expected in top(sample_brain, query, 3)
+
+
+class FixedRetriever(BaseRetriever):
+    """A dense channel whose ranking the test chooses (real chunks, real nodes)."""
+
+    def __init__(self, index: SearchIndex, chunk_ids: list[str]):
+        super().__init__()
+        self.index, self.chunk_ids = index, chunk_ids
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        return self.index.nodes([(c, 0.9 - 0.1 * i) for i, c in enumerate(self.chunk_ids)])
+
+
+def test_lexical_match_lifts_the_only_note_with_every_query_word(home, make_vault):
+    """Same-topic notes: BM25's rank follows repeated words and short length, the dense channel barely prefers the
+    wrong note; whether a note has *all* the query's words decides (the rgb_zh_dev failure mode)."""
+    padding = "机场旅客服务、航站楼设施、交通接驳与商业配套等方面的介绍。" * 6
+    vault = make_vault({
+        "answer.md": f"2021年北京大兴机场旅客吞吐量为2505万人次。{padding}",
+        "repeat.md": "大兴机场旅客吞吐量。大兴机场旅客吞吐量统计。大兴机场旅客吞吐量。",
+        "other.md": "大兴机场旅客吞吐量增长很快，旅客满意度高。",
+        **{f"year-{i}.md": f"2021年的第{i}条新闻：城市、天气与体育。" for i in range(3)},
+    })
+    Brain(home).sync(vaults=(str(vault),))
+    index = SearchIndex(load_settings(home))
+    chunk = {p: f"vault:notes/{p}:chunk:0" for p in ("answer.md", "repeat.md", "other.md")}
+    query = "2021年大兴机场旅客吞吐量"
+
+    def fused(lexical_weight: float) -> list[str]:
+        config = RetrievalConfig(lexical_weight=lexical_weight)
+        keyword = KeywordRetriever(index, 50, None)
+        dense = FixedRetriever(index, [chunk["repeat.md"], chunk["answer.md"], chunk["other.md"]])
+        fusion = NoteFusionRetriever([keyword, dense], ["bm25", "vector"], config)
+        return [n.node.node_id for n in fusion.retrieve(query)]
+
+    assert KeywordRetriever(index, 50, None).retrieve(query)[0].node.node_id != chunk["answer.md"]
+    assert fused(0.0)[0] != chunk["answer.md"]
+    assert fused(RetrievalConfig().lexical_weight)[0] == chunk["answer.md"]
+    index.close()
 
 
 def test_identical_text_in_two_notes_returns_both(sample_brain):
