@@ -19,7 +19,7 @@ from typing import Any
 
 from rag_app.config import Settings
 from rag_app.manifest import Manifest
-from rag_app.store import COLLECTION_PREFIX, collection_ids, collection_name, open_chroma
+from rag_app.store import COLLECTION_PREFIX, collection_ids, collection_name, exact_enough, open_chroma
 from rag_app.sync import SyncLock, keyword_stamp, reembed_stored, refresh_keyword_index
 from readers.records import NoteRecord
 
@@ -171,6 +171,7 @@ def _rebuild(client: Any, old: Any) -> int:
     """Fill `<name>.compact-new` in batches, then rename old → `.compact-old`, new → name, and drop the old one."""
     name = old.name
     fresh = client.create_collection(name + NEW_SUFFIX, metadata=old.metadata)
+    exact_enough(fresh)
     offset = 0
     while True:
         got = old.get(include=["embeddings", "metadatas", "documents"], limit=COPY_BATCH, offset=offset)

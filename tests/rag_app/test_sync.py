@@ -53,6 +53,8 @@ def test_first_sync_indexes_every_note_and_chroma_matches_manifest(home, make_va
     assert ids == manifest_chunk_ids(home)
     assert report.embedded_chunks == len(ids) >= 3
     assert all(i.startswith("vault:notes/") and ":chunk:" in i for i in ids)
+    collection = chromadb.PersistentClient(path=str(home / "chroma")).get_collection(collection_name("use-m3"))
+    assert collection.configuration["hnsw"]["ef_search"] == 400  # a wide beam: the same query, the same top 50
     status = Brain(home).status()
     assert (status["notes"], status["chunks"]) == (3, len(ids))
     assert status["sources"][0]["name"] == "notes" and status["sources"][0]["last_sync"]
