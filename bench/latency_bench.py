@@ -76,27 +76,42 @@ MODEL_COLD = {
 }
 
 
-def timed_process(argv: list[str]) -> float:
+def timed_process(argv: list[str]) -> tuple[float, str]:
     began = time.perf_counter()
-    subprocess.run(argv, check=True, capture_output=True)
-    return time.perf_counter() - began
+    done = subprocess.run(argv, check=True, capture_output=True, text=True)
+    return time.perf_counter() - began, done.stdout
 
 
 def cold(home: Path, queries: tuple[str, ...], runs: int = 3) -> None:
-    """Whole-process `brain search` wall time, and the part of it that is ours: minus what the model packages need
-    to produce one query embedding in a fresh process (import, load, encode), minus a bare interpreter start."""
+    """Whole-process `brain search` wall time per query, and the part of it that is ours: minus what the model
+    packages need to produce one query embedding in a fresh process (import, load, encode) for each model that
+    query actually used (a query BM25 covers fully skips the gated USE channel and never loads it)."""
+    import json
+
     from rag_app.config import load_settings
 
     python, brain = sys.executable, str(Path(sys.executable).parent / "brain")
-    walls = [timed_process([brain, "--home", str(home), "search", q, "--json"]) for q in queries for _ in range(runs)]
-    bare = statistics.median(timed_process([python, "-c", "pass"]) for _ in range(runs))
+    bare = statistics.median(timed_process([python, "-c", "pass"])[0] for _ in range(runs))
     models = load_settings(home).models
-    model_s = sum(statistics.median(timed_process([python, "-c", MODEL_COLD[m]]) for _ in range(runs)) - bare
-                  for m in models)
-    wall = statistics.median(walls)
-    print(f"cold `brain search` ({' + '.join(models)}, {len(walls)} runs): wall best {min(walls):.2f} s, "
-          f"median {wall:.2f} s; the models' own cold cost (import + load + one query) {model_s:.2f} s; "
-          f"ours (median wall − models) {wall - model_s:.2f} s")
+    model_s = {m: statistics.median(timed_process([python, "-c", MODEL_COLD[m]])[0] for _ in range(runs)) - bare
+               for m in models}
+    print("models' own cold cost (import + load + one query): "
+          + ", ".join(f"{m} {v:.2f} s" for m, v in model_s.items()))
+    ours_all = []
+    for query in queries:
+        walls, ours = [], []
+        for _ in range(runs):
+            wall, out = timed_process([brain, "--home", str(home), "search", query, "--json"])
+            channels = json.loads(out)["coverage"]["channels"]
+            used = [models[i] for i, name in enumerate(("vector", "vector2"))
+                    if name in channels and not channels[name]["skipped"] and i < len(models)]
+            walls.append(wall)
+            ours.append(wall - sum(model_s[m] for m in used))
+        ours_all += ours
+        print(f"  cold `brain search {query!r}`: wall median {statistics.median(walls):.2f} s "
+              f"(models used: {', '.join(used) or 'none'}), ours median {statistics.median(ours):.2f} s")
+    print(f"cold `brain search` ({' + '.join(models)}, {len(ours_all)} runs): ours (wall − models used) "
+          f"median {statistics.median(ours_all):.2f} s, best {min(ours_all):.2f} s, worst {max(ours_all):.2f} s")
 
 if __name__ == "__main__":
     main()
