@@ -39,22 +39,31 @@ def test_bm25_ranks_the_note_that_has_the_words() -> None:
     assert index.search(tokenize("无关词"), 3) == []
 
 
-def _tokenize_in_fresh_process(cache_home: Path) -> str:
-    code = "from rag_app.keyword import tokenize; print(' '.join(tokenize('我想看电影清单')))"
+def _tokenize_in_fresh_process(cache_home: Path, texts: int = 1) -> str:
+    """Tokenize in a new interpreter; the first LAZY_TEXTS texts of a process read jieba's dictionary lazily."""
+    code = ("from rag_app.keyword import tokenize\n"
+            f"for _ in range({texts}): out = tokenize('我想看电影清单，還有台北的咖啡館')\n"
+            "import jieba; print(type(jieba.dt.FREQ).__name__, ' '.join(out))")
     env = {**os.environ, "XDG_CACHE_HOME": str(cache_home)}
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
     return done.stdout.strip()
 
 
-def test_jieba_dictionary_is_cached_per_user_and_a_damaged_cache_is_rebuilt(tmp_path: Path) -> None:
+def test_jieba_dictionary_is_cached_per_user_and_damaged_caches_are_rebuilt(tmp_path: Path) -> None:
     first = _tokenize_in_fresh_process(tmp_path)
-    caches = list((tmp_path / "cflow-brain").glob("jieba-*.pickle"))
-    assert len(caches) == 1 and caches[0].stat().st_size > 1_000_000
-    assert (tmp_path / "cflow-brain").stat().st_mode & 0o077 == 0
-    assert _tokenize_in_fresh_process(tmp_path) == first
-    caches[0].write_bytes(b"not a pickle")
-    assert _tokenize_in_fresh_process(tmp_path) == first
-    assert caches[0].stat().st_size > 1_000_000
+    assert first.startswith("dict ")  # no cache yet: the whole dictionary, and both caches are written
+    folder = tmp_path / "cflow-brain"
+    pickled, lazy = next(folder.glob("jieba-*.pickle")), next(folder.glob("jieba-*.sqlite"))
+    assert pickled.stat().st_size > 1_000_000 and lazy.stat().st_size > 1_000_000
+    assert folder.stat().st_mode & 0o077 == 0
+    words = first.split(" ", 1)[1]
+    assert _tokenize_in_fresh_process(tmp_path) == f"_WordFrequencies {words}"  # a search: lazy lookups
+    assert _tokenize_in_fresh_process(tmp_path, texts=60) == f"dict {words}"  # a sync: loaded whole
+    pickled.write_bytes(b"not a pickle")
+    lazy.write_bytes(b"not a database")
+    assert _tokenize_in_fresh_process(tmp_path) == f"dict {words}"
+    assert _tokenize_in_fresh_process(tmp_path) == f"_WordFrequencies {words}"
+    assert pickled.stat().st_size > 1_000_000
 
 
 def test_match_share_is_the_idf_weighted_part_of_the_query_a_chunk_contains() -> None:
