@@ -24,7 +24,7 @@ from llama_index.core.retrievers.fusion_retriever import FUSION_MODES
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
 from rag_app.config import Settings
-from rag_app.keyword import KeywordIndex, tokenize
+from rag_app.keyword import KeywordIndex, to_simplified, tokenize
 from rag_app.manifest import Manifest
 from rag_app.query import RetrievalConfig, SearchError, SearchFilters, clean_query, parse_variants
 from rag_app.time_phrases import extract_time_range
@@ -239,20 +239,27 @@ class VectorRetriever(BaseRetriever):
         size = self.index.collection_size(self.model)
         if collection is None or size == 0 or (self.allowed is not None and not self.allowed):
             return []
-        vector = self.index.embed_query(query_bundle.query_str, self.model)
+        texts = [query_bundle.query_str]
+        folded = to_simplified(query_bundle.query_str)
+        if folded != texts[0]:
+            texts.append(folded)  # Traditional query: notes may be in either script, the best match counts
+        vectors = [self.index.embed_query(text, self.model) for text in texts]
+        best: dict[str, float] = {}
         if self.allowed is not None and len(self.allowed) <= self.EXACT_LIMIT:
             got = collection.get(ids=sorted(self.allowed), include=["embeddings"])
             if not len(got["ids"]):
                 return []
-            sims = np.asarray(got["embeddings"], dtype=np.float32) @ np.asarray(vector, dtype=np.float32)
-            order = np.argsort(-sims)[: self.top_k]
-            return self.index.nodes([(got["ids"][i], float(sims[i])) for i in order])
-        n = min(self.top_k * (4 if self.allowed is not None else 1), size)
-        got = collection.query(query_embeddings=[vector], n_results=n, include=["distances"])
-        pairs = [(cid, 1.0 - float(d)) for cid, d in zip(got["ids"][0], got["distances"][0], strict=True)]
-        if self.allowed is not None:
-            pairs = [p for p in pairs if p[0] in self.allowed]
-        return self.index.nodes(pairs[: self.top_k])
+            sims = (np.asarray(got["embeddings"], dtype=np.float32) @ np.asarray(vectors, dtype=np.float32).T).max(1)
+            best = {got["ids"][i]: float(sims[i]) for i in np.argsort(-sims)[: self.top_k]}
+        else:
+            n = min(self.top_k * (4 if self.allowed is not None else 1), size)
+            got = collection.query(query_embeddings=vectors, n_results=n, include=["distances"])
+            for ids, distances in zip(got["ids"], got["distances"], strict=True):
+                for chunk_id, distance in zip(ids, distances, strict=True):
+                    if self.allowed is None or chunk_id in self.allowed:
+                        best[chunk_id] = max(best.get(chunk_id, -1.0), 1.0 - float(distance))
+        ranked = sorted(best.items(), key=lambda pair: pair[1], reverse=True)
+        return self.index.nodes(ranked[: self.top_k])
 
 
 class NoteFusionRetriever(QueryFusionRetriever):

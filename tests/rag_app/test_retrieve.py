@@ -113,6 +113,24 @@ def test_lexical_match_lifts_the_only_note_with_every_query_word(home, make_vaul
     index.close()
 
 
+def test_a_traditional_query_is_embedded_as_written_and_folded_to_simplified(sample_brain, monkeypatch):
+    """Notes may be in either script: the dense channels score each chunk by the better of the two query forms
+    (measured: Traditional questions over Simplified notes, rgb e5 0.733 → 0.785 nDCG@10)."""
+    embedded: list[str] = []
+    real = SearchIndex.embed_query
+
+    def spy(self, text, model=None):
+        embedded.append(text)
+        return real(self, text, model)
+
+    monkeypatch.setattr(SearchIndex, "embed_query", spy)
+    assert top(sample_brain, "電影清單", 3, mode="vector")[0] == "生活/电影清单.md"
+    assert embedded == ["電影清單", "电影清单"]
+    embedded.clear()
+    top(sample_brain, "电影清单", 3, mode="vector")
+    assert embedded == ["电影清单"]
+
+
 def test_identical_text_in_two_notes_returns_both(sample_brain):
     shared = "真正的专注不是把所有干扰都挡在门外，而是知道自己此刻为什么坐在这里。"
     paths = top(sample_brain, shared, 5)
