@@ -7,11 +7,13 @@ computed once per chunk at sync time, so rebuilding the index after a sync is fa
 
 from __future__ import annotations
 
+import contextlib
 import json
+import marshal
 import os
-import pickle
 import re
 import sqlite3
+import threading
 import unicodedata
 from collections.abc import Iterable
 from functools import lru_cache
@@ -23,6 +25,7 @@ import numpy as np
 TOKENIZER_VERSION = "kw-v2"
 _RUNS = re.compile(r"([\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+)|([a-z0-9]+(?:[._\-/:@][a-z0-9]+)*)")
 _WORD = re.compile(r"[a-z0-9]+")
+_RUNS_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
 _HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 EN_STOPWORDS = frozenset(
     "a an and are as at be been but by can could did do does doing for from had has have how i if in into is it its "
@@ -38,19 +41,25 @@ ZH_STOPWORDS = frozenset(
 )
 
 
-LAZY_TEXTS = 50
+LAZY_HAN_CHARS = 2000
+_dictionary_lock = threading.RLock()
+_lazy_han_chars = 0
 
 
 class _WordFrequencies:
     """jieba's prefix dictionary read word by word from a per-user SQLite file. A search tokenizes one short query:
-    a few dozen lookups instead of loading all 500k entries (0.2 s of a cold `brain search`)."""
+    a few dozen lookups instead of loading all 500k entries (0.2 s of a cold `brain search`). A read error switches
+    the process to the whole dictionary."""
 
     def __init__(self, path: Path):
-        self._db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
-        self._db.execute("SELECT freq FROM freq LIMIT 1").fetchone()
+        self._db = sqlite3.connect(path.as_uri() + "?mode=ro", uri=True, check_same_thread=False)
+        self.total = self._db.execute("SELECT freq FROM freq WHERE word = ?", ("\x00total",)).fetchone()[0]
 
     def get(self, word: str, default: Any = None) -> Any:
-        row = self._db.execute("SELECT freq FROM freq WHERE word = ?", (word,)).fetchone()
+        try:
+            row = self._db.execute("SELECT freq FROM freq WHERE word = ?", (word,)).fetchone()
+        except sqlite3.Error:
+            return _jieba_full().dt.FREQ.get(word, default)
         return default if row is None else row[0]
 
     def __contains__(self, word: object) -> bool:
@@ -63,65 +72,58 @@ class _WordFrequencies:
         return value
 
 
-_tokenized_texts = 0
-
-
-def _jieba() -> Any:
-    """jieba, with its dictionary read lazily from SQLite for the first few texts of a process (a search), then
-    loaded whole (a sync tokenizes thousands of chunks)."""
-    global _tokenized_texts
-    _tokenized_texts += 1
-    jieba = _jieba_lazy() if _tokenized_texts <= LAZY_TEXTS else None
-    return jieba or _jieba_full()
+def _jieba(han_chars: int) -> Any:
+    """jieba, with its dictionary read lazily from SQLite while a process has segmented little text (a search), then
+    loaded whole (a sync segments megabytes)."""
+    global _lazy_han_chars
+    with _dictionary_lock:
+        _lazy_han_chars += han_chars
+        jieba = _jieba_lazy() if _lazy_han_chars <= LAZY_HAN_CHARS else None
+        return jieba or _jieba_full()
 
 
 @lru_cache(maxsize=1)
 def _jieba_lazy() -> Any:
     import jieba
 
-    cache = _jieba_cache_path(jieba, ".sqlite")
+    cache = _cache_path(jieba, ".sqlite")
     if cache is None or not cache.is_file():
         return None
     try:
         frequencies = _WordFrequencies(cache)
-        total = frequencies.get("\x00total")
-    except sqlite3.Error:
-        total = None
-    if not total:
-        cache.unlink(missing_ok=True)  # damaged: the full load below writes it again
+    except (sqlite3.Error, TypeError):
+        with contextlib.suppress(OSError):
+            cache.unlink()  # damaged: the full load writes it again
         return None
     jieba.setLogLevel(60)
-    jieba.dt.FREQ, jieba.dt.total, jieba.dt.initialized = frequencies, total, True
+    jieba.dt.FREQ, jieba.dt.total, jieba.dt.initialized = frequencies, frequencies.total, True
     return jieba
 
 
 @lru_cache(maxsize=1)
 def _jieba_full() -> Any:
-    """jieba with its whole dictionary in memory, from a pickle cached per user (~4x faster than jieba's own marshal
-    cache); the SQLite copy for lazy lookups is written beside it on first use."""
+    """jieba with its whole dictionary in memory, from a marshal file cached per user (jieba's own cache lives in the
+    shared temp dir and rebuilds slowly); the SQLite copy for lazy lookups is written beside it on first use."""
     import jieba
 
-    jieba.setLogLevel(60)
-    cache = _jieba_cache_path(jieba, ".pickle")
-    loaded = False
-    if cache is not None and cache.is_file():
-        try:
-            with cache.open("rb") as handle:
-                frequencies, total = pickle.load(handle)
-            jieba.dt.FREQ, jieba.dt.total, jieba.dt.initialized = frequencies, total, True
-            loaded = True
-        except Exception:  # a damaged cache is rebuilt below
-            pass
-    if not loaded:
-        jieba.dt.FREQ, jieba.dt.total, jieba.dt.initialized = {}, 0, False
-        jieba.initialize()
-        if cache is not None:
-            _write_cache(cache, lambda path: path.write_bytes(
-                pickle.dumps((jieba.dt.FREQ, jieba.dt.total), protocol=pickle.HIGHEST_PROTOCOL)))
-    lazy = _jieba_cache_path(jieba, ".sqlite")
-    if lazy is not None and not lazy.is_file():
-        _write_cache(lazy, lambda path: _write_frequencies(path, jieba.dt.FREQ, jieba.dt.total))
-    return jieba
+    with _dictionary_lock:
+        jieba.setLogLevel(60)
+        cache = _cache_path(jieba, ".marshal")
+        loaded = None
+        if cache is not None and cache.is_file():
+            with contextlib.suppress(Exception):  # a damaged cache is rebuilt below
+                loaded = marshal.loads(cache.read_bytes())
+        if loaded is None:
+            fresh = jieba.Tokenizer()
+            fresh.initialize()
+            loaded = (fresh.FREQ, fresh.total)
+            if cache is not None:
+                _write_cache(cache, lambda path: path.write_bytes(marshal.dumps(loaded)))
+        jieba.dt.FREQ, jieba.dt.total, jieba.dt.initialized = loaded[0], loaded[1], True
+        lazy = _cache_path(jieba, ".sqlite")
+        if lazy is not None and not lazy.is_file():
+            _write_cache(lazy, lambda path: _write_frequencies(path, loaded[0], loaded[1]))
+        return jieba
 
 
 def _write_frequencies(path: Path, frequencies: dict[str, int], total: int) -> None:
@@ -143,21 +145,21 @@ def _write_cache(path: Path, write: Any) -> None:
         write(partial)
         os.replace(partial, path)
     except (OSError, sqlite3.Error):
-        partial.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
 
 
-def _jieba_cache_path(jieba: Any, suffix: str) -> Path | None:
-    """A per-user cache (never the shared temp dir: a pickle is only loaded from a directory the user owns),
-    keyed on jieba's version and dictionary so an upgrade never reuses a stale one."""
-    base = os.environ.get("XDG_CACHE_HOME") or (Path.home() / ".cache" if Path.home().is_dir() else None)
-    if base is None:
-        return None
+def _cache_path(jieba: Any, suffix: str) -> Path | None:
+    """Per-user cache files (marshal and SQLite: data only, nothing in them can run), keyed on jieba's version and
+    dictionary so an upgrade never reuses a stale one. None when there is no usable cache directory."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
     try:
+        root = Path(base) if os.path.isabs(base) else Path.home() / ".cache"
         stat = (Path(jieba.__file__).parent / jieba.DEFAULT_DICT_NAME).stat()
-    except (OSError, AttributeError, TypeError):
+    except (OSError, RuntimeError, KeyError, AttributeError, TypeError):
         return None
     key = f"{jieba.__version__}-{stat.st_size}-{int(stat.st_mtime)}"
-    return Path(base) / "cflow-brain" / f"jieba-{key}{suffix}"
+    return root / "cflow-brain" / f"jieba-{key}{suffix}"
 
 
 @lru_cache(maxsize=1)
@@ -188,7 +190,7 @@ def tokenize(text: str) -> list[str]:
     for match in _RUNS.finditer(text):
         han, latin = match.groups()
         if han:
-            jieba = jieba or _jieba()
+            jieba = jieba or _jieba(sum(len(h) for h in _RUNS_HAN.findall(text)))
             tokens.extend(w for w in jieba.cut_for_search(han) if w not in ZH_STOPWORDS)
             continue
         words = _WORD.findall(latin)

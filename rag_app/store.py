@@ -6,6 +6,7 @@ so an interrupted re-embed never leaves the index empty.
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from urllib.parse import urlparse
 from rag_app.config import Settings, model_slug
 
 COLLECTION_PREFIX = "notes_"
+log = logging.getLogger("cflow_brain.store")
 
 
 class StoreError(Exception):
@@ -54,9 +56,12 @@ def exact_enough(collection: Any) -> None:
     """Widen the HNSW search beam (Chroma's default ef_search is 100). With 100, the top 50 of the very same query
     vector differed from one process to the next (measured: locomo_dev nDCG@10 moved by ±0.01 between runs); with
     400 they are stable, at well under a millisecond per query at 10k chunks."""
-    hnsw = (collection.configuration or {}).get("hnsw") or {}
-    if hnsw.get("ef_search") != SEARCH_EF:
-        collection.modify(configuration={"hnsw": {"ef_search": SEARCH_EF}})
+    try:
+        hnsw = (collection.configuration or {}).get("hnsw")
+        if hnsw is not None and hnsw.get("ef_search") != SEARCH_EF:  # None: not an HNSW index (a SPANN server)
+            collection.modify(configuration={"hnsw": {"ef_search": SEARCH_EF}})
+    except Exception as exc:  # an older or locked-down server: search still works, with Chroma's default beam
+        log.warning("could not set ef_search on %s: %s", collection.name, exc)
 
 
 class VectorIndex:

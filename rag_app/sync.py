@@ -307,12 +307,32 @@ class _Applier:
             log.info("dropped collection %s (no note uses its model any more)", name)
 
 
+def _widen_search_beam(settings: Settings, manifest: Manifest) -> None:
+    """Once per home: collections made before ef_search was set get it (a no-change sync otherwise never opens
+    Chroma). Recorded in the manifest, so later syncs do not import chromadb for it."""
+    from rag_app.store import SEARCH_EF
+
+    if manifest.get_meta("hnsw_ef_search") == str(SEARCH_EF) or not manifest.counts():
+        return
+    from rag_app.store import collection_name, exact_enough, open_chroma
+
+    client = open_chroma(settings)
+    for model in settings.models:
+        try:
+            collection = client.get_collection(collection_name(model))
+        except Exception:  # not created yet (nothing embedded with this model)
+            continue
+        exact_enough(collection)
+    manifest.set_meta("hnsw_ef_search", str(SEARCH_EF))
+
+
 def keyword_stamp(manifest: Manifest) -> str:
     return f"{manifest.generation()}/{TOKENIZER_VERSION}"
 
 
 def refresh_keyword_index(settings: Settings, manifest: Manifest, force: bool = False) -> bool:
-    """Rebuild and save the BM25 index when chunks changed since it was saved, or when `force`d. True if rebuilt."""
+    """Rebuild and save the BM25 index when chunks changed since it was saved, or when `force`d. True if rebuilt.
+    The caller holds the SyncLock (it may rewrite cached tokens)."""
     from rag_app.keyword import KeywordIndex
 
     stamp = keyword_stamp(manifest)
@@ -320,7 +340,7 @@ def refresh_keyword_index(settings: Settings, manifest: Manifest, force: bool = 
     current_tokens = manifest.get_meta("tokenizer_version") == TOKENIZER_VERSION
     if not force and current_tokens and (directory / "ids.json").exists() and _saved_stamp(directory) == stamp:
         return False
-    index = KeywordIndex.build(load_keyword_rows(manifest))
+    index = KeywordIndex.build(load_keyword_rows(manifest, persist=True))
     index.save(directory, stamp)
     return True
 
@@ -347,18 +367,24 @@ def _saved_stamp(directory: Path) -> str | None:
         return None
 
 
-def load_keyword_rows(manifest: Manifest) -> list[tuple[str, list[str]]]:
-    """Cached tokens of every chunk; chunks without tokens, or tokenized by an older tokenizer, get them now (once)."""
-    stale = manifest.get_meta("tokenizer_version") != TOKENIZER_VERSION
-    rows, missing = [], []
+def load_keyword_rows(manifest: Manifest, persist: bool = False) -> list[tuple[str, list[str]]]:
+    """Cached tokens of every chunk.
+
+    Only a writer holding the sync lock (`persist`) re-tokenizes chunks cached by an older tokenizer and saves the
+    tokens: a search process must never write them, or a sync editing a note meanwhile could get the old text's
+    tokens saved over the new. A reader uses the cached tokens as they are and tokenizes chunks that have none in
+    memory only.
+    """
+    stale = persist and manifest.get_meta("tokenizer_version") != TOKENIZER_VERSION
+    rows, fresh = [], []
     for chunk_id, tokens, text, metadata in manifest.chunk_tokens():
         if tokens is None or stale:
             tokens = " ".join(tokenize(chunk_index_text(text, json.loads(metadata))))
-            missing.append((chunk_id, tokens))
+            fresh.append((chunk_id, tokens))
         rows.append((chunk_id, tokens.split()))
-    if missing or stale:
+    if persist and (fresh or stale):
         with manifest.transaction():
-            manifest.set_tokens(missing)
+            manifest.set_tokens(fresh)
             manifest.set_meta("tokenizer_version", TOKENIZER_VERSION)
     return rows
 
@@ -390,6 +416,7 @@ def sync_sources(
                     on_source(source_report)
             applier.finish()
             refresh_keyword_index(settings, manifest)
+            _widen_search_beam(settings, manifest)
         finally:
             manifest.close()
     report.seconds = time.monotonic() - started

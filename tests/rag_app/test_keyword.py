@@ -39,12 +39,13 @@ def test_bm25_ranks_the_note_that_has_the_words() -> None:
     assert index.search(tokenize("无关词"), 3) == []
 
 
-def _tokenize_in_fresh_process(cache_home: Path, texts: int = 1) -> str:
-    """Tokenize in a new interpreter; the first LAZY_TEXTS texts of a process read jieba's dictionary lazily."""
+def _tokenize_in_fresh_process(cache_home: Path, texts: int = 1, env: dict[str, str] | None = None) -> str:
+    """Tokenize in a new interpreter; until a process has segmented LAZY_HAN_CHARS characters, jieba's dictionary
+    is read lazily."""
     code = ("from rag_app.keyword import tokenize\n"
             f"for _ in range({texts}): out = tokenize('我想看电影清单，還有台北的咖啡館')\n"
             "import jieba; print(type(jieba.dt.FREQ).__name__, ' '.join(out))")
-    env = {**os.environ, "XDG_CACHE_HOME": str(cache_home)}
+    env = env or {**os.environ, "XDG_CACHE_HOME": str(cache_home)}
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
     return done.stdout.strip()
 
@@ -53,17 +54,17 @@ def test_jieba_dictionary_is_cached_per_user_and_damaged_caches_are_rebuilt(tmp_
     first = _tokenize_in_fresh_process(tmp_path)
     assert first.startswith("dict ")  # no cache yet: the whole dictionary, and both caches are written
     folder = tmp_path / "cflow-brain"
-    pickled, lazy = next(folder.glob("jieba-*.pickle")), next(folder.glob("jieba-*.sqlite"))
-    assert pickled.stat().st_size > 1_000_000 and lazy.stat().st_size > 1_000_000
+    whole, lazy = next(folder.glob("jieba-*.marshal")), next(folder.glob("jieba-*.sqlite"))
+    assert whole.stat().st_size > 1_000_000 and lazy.stat().st_size > 1_000_000
     assert folder.stat().st_mode & 0o077 == 0
     words = first.split(" ", 1)[1]
     assert _tokenize_in_fresh_process(tmp_path) == f"_WordFrequencies {words}"  # a search: lazy lookups
-    assert _tokenize_in_fresh_process(tmp_path, texts=60) == f"dict {words}"  # a sync: loaded whole
-    pickled.write_bytes(b"not a pickle")
+    assert _tokenize_in_fresh_process(tmp_path, texts=400) == f"dict {words}"  # a sync: loaded whole
+    whole.write_bytes(b"not marshal data")
     lazy.write_bytes(b"not a database")
     assert _tokenize_in_fresh_process(tmp_path) == f"dict {words}"
     assert _tokenize_in_fresh_process(tmp_path) == f"_WordFrequencies {words}"
-    assert pickled.stat().st_size > 1_000_000
+    assert whole.stat().st_size > 1_000_000
 
 
 def test_match_share_is_the_idf_weighted_part_of_the_query_a_chunk_contains() -> None:
@@ -75,3 +76,10 @@ def test_match_share_is_the_idf_weighted_part_of_the_query_a_chunk_contains() ->
     assert shares["none"] == shares["unknown-chunk"] == 0.0
     # a word no chunk has keeps even the best chunk below 1: the notes only half cover the query
     assert index.match_share(tokenize("电影清单 火星"), ["full"])["full"] < 1.0
+
+
+def test_no_usable_cache_directory_still_tokenizes(tmp_path: Path) -> None:
+    env = {**os.environ, "HOME": "/proc/no-such-home", "XDG_CACHE_HOME": "relative-cache"}
+    out = _tokenize_in_fresh_process(tmp_path, env=env)
+    assert out.split(" ", 1)[1] == "想 看 电影 清单 还有 台北 咖啡 咖啡馆"
+    assert not (REPO / "relative-cache").exists()

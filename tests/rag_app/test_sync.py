@@ -87,12 +87,30 @@ def test_a_tokenizer_upgrade_retokenizes_cached_chunks_once_without_embedding(ho
     fresh = dict((c, t) for c, t, _, _ in manifest.chunk_tokens())
     manifest.set_tokens([(c, "stale tokens of an older tokenizer") for c in fresh])
     manifest.set_meta("tokenizer_version", "kw-v1")
+    (home / "bm25" / "ids.json").unlink()  # as after an upgrade: the saved index no longer matches
+    Brain(home).search("ERR_CONN_RESET_4471", 3, mode="bm25")  # a reader builds from what is cached, writes nothing
+    assert manifest.get_meta("tokenizer_version") == "kw-v1"
+    assert {t for _, t, _, _ in manifest.chunk_tokens()} == {"stale tokens of an older tokenizer"}
     report = Brain(home).sync(vaults=(str(vault),))
     assert report.embedded_chunks == 0
     assert dict((c, t) for c, t, _, _ in manifest.chunk_tokens()) == fresh
     manifest.close()
     hits = Brain(home).search("ERR_CONN_RESET_4471", 3, mode="bm25").results
     assert hits and hits[0]["path"] == "work/incident.md"
+
+
+def test_a_home_made_before_the_wide_search_beam_gets_it_on_its_next_sync(home, make_vault):
+    vault = make_vault(NOTES)
+    Brain(home).sync(vaults=(str(vault),))
+    client = chromadb.PersistentClient(path=str(home / "chroma"))
+    client.get_collection(collection_name("use-m3")).modify(configuration={"hnsw": {"ef_search": 100}})
+    manifest = Manifest(home / "index.sqlite")
+    manifest.db.execute("DELETE FROM meta WHERE key = 'hnsw_ef_search'")
+    report = Brain(home).sync(vaults=(str(vault),))
+    assert report.embedded_chunks == 0 and manifest.get_meta("hnsw_ef_search") == "400"
+    manifest.close()
+    reopened = chromadb.PersistentClient(path=str(home / "chroma")).get_collection(collection_name("use-m3"))
+    assert reopened.configuration["hnsw"]["ef_search"] == 400
 
 
 def test_edit_delete_add_touch_exactly_those_notes(home, make_vault):
