@@ -34,7 +34,10 @@ def channel_cache(shared: Path, name: str, model: str) -> dict:
     if path.exists():
         return pickle.loads(path.read_bytes())
     eval_set = materialise(shared, load_set(shared, name), OUT)
-    index = SearchIndex(load_settings(OUT / "homes" / f"{name}-{model}"))
+    home = OUT / "homes" / f"{eval_set.home_name}-{model}"
+    if not (home / "index.sqlite").exists():
+        sys.exit(f"{home} is missing: run python bench/prepare_eval.py --model {model} {name}")
+    index = SearchIndex(load_settings(home))
     keyword = index.keyword()
     df = np.asarray(index.keyword().bm25.scores["indptr"][1:] - index.keyword().bm25.scores["indptr"][:-1])
     vocab = keyword.bm25.vocab_dict

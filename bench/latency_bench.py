@@ -93,6 +93,9 @@ def cold(home: Path, queries: tuple[str, ...], runs: int = 3) -> None:
     python, brain = sys.executable, str(Path(sys.executable).parent / "brain")
     bare = statistics.median(timed_process([python, "-c", "pass"])[0] for _ in range(runs))
     models = load_settings(home).models
+    unknown = [m for m in models if m not in MODEL_COLD]
+    if unknown:
+        sys.exit(f"no cold-load probe for {', '.join(unknown)}: add one to MODEL_COLD")
     model_s = {m: statistics.median(timed_process([python, "-c", MODEL_COLD[m]])[0] for _ in range(runs)) - bare
                for m in models}
     print("models' own cold cost (import + load + one query): "

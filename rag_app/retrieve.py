@@ -203,7 +203,7 @@ class KeywordRetriever(BaseRetriever):
         return self.index.nodes(hits)
 
     def match_share(self, query: str, chunk_ids: list[str]) -> dict[str, float]:
-        """IDF-weighted share of the query's terms each chunk contains; terms no note has count in full.
+        """IDF-weighted share of the query's terms each chunk contains; terms no note has count at the highest IDF.
 
         Low coverage of the best chunk means BM25 matched only common or partial words: its ranking says little.
         """
