@@ -7,7 +7,6 @@ defaults in RetrievalConfig. usage: python bench/fusion_tuning.py [--model e5-sm
 from __future__ import annotations
 
 import argparse
-import math
 import pickle
 import sys
 from collections.abc import Callable
@@ -39,9 +38,6 @@ def channel_cache(shared: Path, name: str, model: str) -> dict:
         sys.exit(f"{home} is missing: run python bench/prepare_eval.py --model {model} {name}")
     index = SearchIndex(load_settings(home))
     keyword = index.keyword()
-    df = np.asarray(index.keyword().bm25.scores["indptr"][1:] - index.keyword().bm25.scores["indptr"][:-1])
-    vocab = keyword.bm25.vocab_dict
-    n_docs = len(keyword.ids)
     cache = {"queries": {}, "qrels": eval_set.qrels, "path_to_doc": eval_set.path_to_doc}
     for query_id, text in eval_set.queries.items():
         rows = {}
@@ -49,14 +45,8 @@ def channel_cache(shared: Path, name: str, model: str) -> dict:
         for channel, retriever in retrievers:
             nodes = retriever.retrieve(text)
             rows[channel] = [(n.node.node_id, float(n.score), n.node.metadata["path"]) for n in nodes]
-        tokens = tokenize(text)
-        idf = [math.log(1 + (n_docs - df[vocab[t]] + 0.5) / (df[vocab[t]] + 0.5)) if t in vocab else None
-               for t in tokens]
-        rows["tokens"], rows["idf"] = tokens, idf
-        top = rows["bm25"][0][0] if rows["bm25"] else None
-        rows["top_tokens"] = set(index.manifest.db.execute("SELECT tokens FROM chunks WHERE chunk_id = ?", (top,))
-                                 .fetchone()[0].split()) if top else set()
-        rows["shares"] = keyword.match_share(tokens, sorted({h[0] for c in ("bm25", "vector") for h in rows[c]}))
+        rows["shares"] = keyword.match_share(tokenize(text),
+                                             sorted({h[0] for c in ("bm25", "vector") for h in rows[c]}))
         cache["queries"][query_id] = rows
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(pickle.dumps(cache))
@@ -85,14 +75,8 @@ def rrf(lists: list[tuple[Hits, float]], k: int) -> list[tuple[str, str]]:
 
 
 def coverage(row: dict) -> float:
-    """IDF-weighted share of the query's terms that the top BM25 chunk contains (unknown terms count fully)."""
-    idf = row["idf"]
-    if not idf:
-        return 0.0
-    max_idf = max([i for i in idf if i is not None], default=10.0)
-    total = sum(i if i is not None else max_idf for i in idf)
-    got = sum(i for t, i in zip(row["tokens"], idf, strict=True) if i is not None and t in row["top_tokens"])
-    return got / total if total else 0.0
+    """IDF-weighted share of the query's terms that the top BM25 chunk contains (as KeywordRetriever computes it)."""
+    return row["shares"].get(row["bm25"][0][0], 0.0) if row["bm25"] else 0.0
 
 
 def zconf(hits: Hits) -> float:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, NoReturn
 
 import click
 
@@ -37,10 +39,8 @@ class TqdmProgress:
 
 
 def _open(ctx: click.Context) -> Brain:
-    try:
+    with _reported():
         brain = Brain(ctx.obj["home"], store_url=ctx.obj["store_url"])
-    except ConfigError as exc:
-        _fail(str(exc), EXIT_USAGE)
     brain.home.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(brain.settings.log_path, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -51,9 +51,20 @@ def _open(ctx: click.Context) -> Brain:
     return brain
 
 
-def _fail(message: str, code: int) -> None:
+def _fail(message: str, code: int) -> NoReturn:
     click.echo(f"brain: {message}", err=True)
     sys.exit(code)
+
+
+@contextmanager
+def _reported() -> Iterator[None]:
+    """The engine's errors as one line on stderr and the documented exit code (busy 3, bad input or setup 2)."""
+    try:
+        yield
+    except SyncBusyError as exc:
+        _fail(str(exc), EXIT_BUSY)
+    except (ConfigError, SearchError, StoreError) as exc:
+        _fail(str(exc), EXIT_USAGE)
 
 
 def _print_json(data: Any) -> None:
@@ -87,13 +98,9 @@ def sync(ctx: click.Context, vaults: tuple[str, ...], memos: tuple[str, ...], na
         if not as_json:
             click.echo(_source_line(result, verbose))
 
-    try:
+    with _reported():
         report = brain.sync(vaults, memos, names, progress=TqdmProgress() if show_progress else None,
                             on_source=on_source)
-    except ConfigError as exc:
-        _fail(str(exc), EXIT_USAGE)
-    except SyncBusyError as exc:
-        _fail(str(exc), EXIT_BUSY)
     if as_json:
         _print_json(report.to_dict())
     else:
@@ -165,10 +172,8 @@ def search_command(ctx: click.Context, query: str | None, k: int, as_json: bool,
         return
     if query is None:
         _fail("give a QUERY, or --queries FILE.jsonl", EXIT_USAGE)
-    try:
+    with _reported():
         response = brain.search(query, k, **options)
-    except (SearchError, ConfigError) as exc:
-        _fail(str(exc), EXIT_USAGE)
     if as_json:
         _print_json(response.to_dict())
         return
@@ -227,11 +232,9 @@ def ask_command(ctx: click.Context, question: str, k: int, as_json: bool, source
     def on_token(piece: str) -> None:
         click.echo(piece, nl=False)
 
-    try:
+    with _reported():
         response = brain.ask(question, k, sources=sources, tags=tags, since=since, until=until,
                              on_token=on_token if stream else None)
-    except (SearchError, ConfigError) as exc:
-        _fail(str(exc), EXIT_USAGE)
     if as_json:
         _print_json(response.to_dict())
         return
@@ -269,12 +272,8 @@ def source_list(ctx: click.Context, as_json: bool) -> None:
 @click.pass_context
 def source_remove(ctx: click.Context, name: str, as_json: bool) -> None:
     """Remove NAME and all its notes from the index (the notes themselves are untouched)."""
-    try:
+    with _reported():
         result = _open(ctx).remove_source(name)
-    except ConfigError as exc:
-        _fail(str(exc), EXIT_USAGE)
-    except SyncBusyError as exc:
-        _fail(str(exc), EXIT_BUSY)
     if as_json:
         _print_json(result)
     else:
@@ -295,10 +294,8 @@ def serve(ctx: click.Context, host: str, port: int) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # app.py sits at the repo root, outside the package
     import app
 
-    try:
+    with _reported():
         app.serve(_open(ctx), host, port)
-    except ConfigError as exc:
-        _fail(str(exc), EXIT_USAGE)
 
 
 @main.command("mcp")
@@ -311,13 +308,11 @@ def mcp(ctx: click.Context, over_http: bool, host: str, port: int) -> None:
     from tools import mcp_server
 
     brain = _open(ctx)
-    try:
+    with _reported():
         if over_http:
             mcp_server.run_http(brain, host=host, port=port)
         else:
             mcp_server.run_stdio(brain)
-    except ConfigError as exc:
-        _fail(str(exc), EXIT_USAGE)
 
 
 @main.command("doctor")
@@ -327,12 +322,8 @@ def mcp(ctx: click.Context, over_http: bool, host: str, port: int) -> None:
 @click.pass_context
 def doctor_command(ctx: click.Context, as_json: bool, repair: bool, compact: bool) -> None:
     """Check that Chroma, the manifest and the BM25 index hold the same chunks; exit 1 if they do not."""
-    try:
+    with _reported():
         result = _open(ctx).doctor(repair=repair, compact=compact)
-    except SyncBusyError as exc:
-        _fail(str(exc), EXIT_BUSY)
-    except StoreError as exc:
-        _fail(str(exc), EXIT_USAGE)
     if as_json:
         _print_json(result)
     else:

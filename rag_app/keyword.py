@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 
 TOKENIZER_VERSION = "kw-v2"
-_RUNS = re.compile(r"([\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+)|([a-z0-9]+(?:[._\-/:@][a-z0-9]+)*)")
+_HAN_CLASS = "[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]"
+_RUNS = re.compile(f"({_HAN_CLASS}+)|([a-z0-9]+(?:[._\\-/:@][a-z0-9]+)*)")
 _WORD = re.compile(r"[a-z0-9]+")
-_RUNS_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
-_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+_HAN = re.compile(_HAN_CLASS)
 EN_STOPWORDS = frozenset(
     "a an and are as at be been but by can could did do does doing for from had has have how i if in into is it its "
     "me my of on or our so than that the their them then there these they this to was we were what when where which "
@@ -186,12 +186,10 @@ def tokenize(text: str) -> list[str]:
     """
     text = to_simplified(unicodedata.normalize("NFKC", text).lower())
     tokens: list[str] = []
-    jieba = None
     for match in _RUNS.finditer(text):
         han, latin = match.groups()
         if han:
-            jieba = jieba or _jieba(sum(len(h) for h in _RUNS_HAN.findall(text)))
-            tokens.extend(w for w in jieba.cut_for_search(han) if w not in ZH_STOPWORDS)
+            tokens.extend(w for w in _jieba(len(han)).cut_for_search(han) if w not in ZH_STOPWORDS)
             continue
         words = _WORD.findall(latin)
         if len(words) > 1:

@@ -9,11 +9,21 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from readers.records import NoteRecord
+
+SQL_BATCH = 500  # ids per `IN (...)`: well under SQLite's limit on bound variables
+
+
+def _in_batches(ids: list[str]) -> Iterator[tuple[list[str], str]]:
+    """(batch of ids, "?,?,…" placeholders for it) for queries with `IN (...)` over any number of ids."""
+    for start in range(0, len(ids), SQL_BATCH):
+        batch = ids[start : start + SQL_BATCH]
+        yield batch, ",".join("?" * len(batch))
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS notes (
@@ -137,11 +147,10 @@ class Manifest:
 
     def entries_for(self, note_ids: list[str]) -> dict[str, ManifestEntry]:
         out: dict[str, ManifestEntry] = {}
-        for start in range(0, len(note_ids), 500):
-            batch = note_ids[start : start + 500]
+        for batch, marks in _in_batches(note_ids):
             rows = self.db.execute(
                 "SELECT note_id, source, hash, model, chunker, chunk_ids FROM notes "
-                f"WHERE note_id IN ({','.join('?' * len(batch))})",
+                f"WHERE note_id IN ({marks})",
                 batch,
             )
             out.update({r[0]: ManifestEntry(r[0], r[1], r[2], r[3], r[4], json.loads(r[5])) for r in rows})
@@ -181,9 +190,7 @@ class Manifest:
     def delete_notes(self, note_ids: list[str]) -> None:
         if note_ids:
             self.bump_generation()
-        for start in range(0, len(note_ids), 500):
-            batch = note_ids[start : start + 500]
-            marks = ",".join("?" * len(batch))
+        for batch, marks in _in_batches(note_ids):
             self.db.execute(f"DELETE FROM notes WHERE note_id IN ({marks})", batch)
             self.db.execute(f"DELETE FROM note_docs WHERE note_id IN ({marks})", batch)
             self.db.execute(f"DELETE FROM chunks WHERE note_id IN ({marks})", batch)
@@ -213,9 +220,7 @@ class Manifest:
     def chunks_by_id(self, chunk_ids: list[str]) -> dict[str, tuple[str, str, dict[str, Any]]]:
         """chunk id → (note id, text, metadata)."""
         out: dict[str, tuple[str, str, dict[str, Any]]] = {}
-        for start in range(0, len(chunk_ids), 500):
-            batch = chunk_ids[start : start + 500]
-            marks = ",".join("?" * len(batch))
+        for batch, marks in _in_batches(chunk_ids):
             rows = self.db.execute(
                 f"SELECT chunk_id, note_id, text, metadata FROM chunks WHERE chunk_id IN ({marks})", batch
             )
@@ -225,10 +230,9 @@ class Manifest:
     def chunks_of_notes(self, note_ids: list[str]) -> dict[str, list[str]]:
         """note id → its chunk texts in order (for duplicate detection and full text)."""
         out: dict[str, list[str]] = {}
-        for start in range(0, len(note_ids), 500):
-            batch = note_ids[start : start + 500]
+        for batch, marks in _in_batches(note_ids):
             rows = self.db.execute(
-                f"SELECT note_id, text, chunk_id FROM chunks WHERE note_id IN ({','.join('?' * len(batch))})", batch
+                f"SELECT note_id, text, chunk_id FROM chunks WHERE note_id IN ({marks})", batch
             ).fetchall()
             rows.sort(key=lambda r: (r[0], int(r[2].rsplit(":", 1)[1])))
             for note_id, text, _ in rows:
@@ -243,16 +247,14 @@ class Manifest:
         """Delete chunk rows by id (rows no note owns any more: `brain doctor --repair`)."""
         if chunk_ids:
             self.bump_generation()
-        for start in range(0, len(chunk_ids), 500):
-            batch = chunk_ids[start : start + 500]
-            self.db.execute(f"DELETE FROM chunks WHERE chunk_id IN ({','.join('?' * len(batch))})", batch)
+        for batch, marks in _in_batches(chunk_ids):
+            self.db.execute(f"DELETE FROM chunks WHERE chunk_id IN ({marks})", batch)
 
     def delete_chunks_of(self, note_ids: list[str]) -> None:
         if note_ids:
             self.bump_generation()
-        for start in range(0, len(note_ids), 500):
-            batch = note_ids[start : start + 500]
-            self.db.execute(f"DELETE FROM chunks WHERE note_id IN ({','.join('?' * len(batch))})", batch)
+        for batch, marks in _in_batches(note_ids):
+            self.db.execute(f"DELETE FROM chunks WHERE note_id IN ({marks})", batch)
 
     def counts(self) -> dict[str, tuple[int, int]]:
         """Per source: (notes, chunks)."""
@@ -272,9 +274,7 @@ class Manifest:
     def chunks_for_notes(self, note_ids: list[str]) -> list[tuple[str, str, str, dict[str, Any]]]:
         """(chunk_id, note_id, text, metadata) of these notes' chunks."""
         out = []
-        for start in range(0, len(note_ids), 500):
-            batch = note_ids[start : start + 500]
-            marks = ",".join("?" * len(batch))
+        for batch, marks in _in_batches(note_ids):
             rows = self.db.execute(f"SELECT chunk_id, note_id, text, metadata FROM chunks WHERE note_id IN ({marks})",
                                    batch)
             out += [(c, n, t, json.loads(m)) for c, n, t, m in rows]

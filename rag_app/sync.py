@@ -310,11 +310,10 @@ class _Applier:
 def _widen_search_beam(settings: Settings, manifest: Manifest) -> None:
     """Once per home: collections made before ef_search was set get it (a no-change sync otherwise never opens
     Chroma). Recorded in the manifest, so later syncs do not import chromadb for it."""
-    from rag_app.store import SEARCH_EF
+    from rag_app.store import SEARCH_EF, collection_name, exact_enough, open_chroma  # chromadb itself stays unloaded
 
     if manifest.get_meta("hnsw_ef_search") == str(SEARCH_EF) or not manifest.counts():
         return
-    from rag_app.store import collection_name, exact_enough, open_chroma
 
     client = open_chroma(settings)
     for model in settings.models:

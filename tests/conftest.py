@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +16,23 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_VAULT = REPO / "sample_vault"
 SHARED = REPO.parent / "shared"
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 nothing listens on now (for servers the tests start)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def stop(process: subprocess.Popen, timeout: float = 15) -> None:
+    """Terminate a server the test started; kill it if it does not exit in time."""
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def write_files(root: Path, files: dict[str, str | bytes]) -> Path:

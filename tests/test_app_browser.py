@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,8 @@ from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
+
+from tests.conftest import free_port, stop
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 # Offline and quiet: no browser download, no update checks, no first-run pages (see shared/STACK-NOTES.md).
@@ -28,12 +29,6 @@ webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is missin
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_until_up(url: str, server: subprocess.Popen[str], timeout: float = 120.0) -> None:
@@ -66,12 +61,7 @@ def page_url(sample_home: Path, tmp_path: Path) -> Iterator[str]:
         wait_until_up(url, server)
         yield url
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop(server)
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-import socket
 import subprocess
 import sys
 import threading
@@ -21,12 +20,7 @@ import pytest
 from bench.fault_trials import convergence_problems, run_brain, start_sync, wait_for_lock, write_notes
 from rag_app.engine import Brain
 from rag_app.store import collection_name
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.conftest import free_port, stop
 
 
 @pytest.fixture(scope="module")
@@ -51,11 +45,7 @@ def chroma_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             pytest.fail(f"chroma run did not start: {(data / 'server.log').read_text()[-500:]}")
         time.sleep(0.2)
     yield url
-    server.terminate()
-    try:
-        server.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        server.kill()
+    stop(server)
     log.close()
 
 

@@ -17,7 +17,7 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.conftest import REPO
+from tests.conftest import REPO, free_port
 from tools.function_tools import TOOL_NAMES
 
 BRAIN = str(Path(sys.executable).with_name("brain"))
@@ -66,9 +66,7 @@ def test_http_needs_a_token_to_start_and_on_every_request(home: Path):
                                  env=env | ({"BRAIN_MCP_TOKEN": token} if token else {}), timeout=60)
         assert refused.returncode == 2 and "BRAIN_MCP_TOKEN" in refused.stderr
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     server = subprocess.Popen([BRAIN, "--home", str(home), "mcp", "--http", "--port", str(port)],
                               env=env | {"BRAIN_MCP_TOKEN": TOKEN}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True)
