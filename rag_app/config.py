@@ -11,6 +11,7 @@ from typing import Any
 
 DEFAULT_EMBEDDING = "e5-small"
 FAST_EMBEDDING = "use-m3"
+REMOTE_PREFIX = "openai:"  # `openai:<name>[@<dimensions>]`: any OpenAI-compatible /v1/embeddings server
 CONFIG_FILE = "config.toml"
 
 
@@ -31,6 +32,7 @@ class SourceSpec:
     timeout: float | None = None  # Memos client: seconds per request (None: the client's default)
     max_retries: int | None = None  # Memos client: retries of a transient failure (429, 5xx, timeouts)
     page_size: int | None = None  # Memos client: memos per page (servers that time out on big pages)
+    token_env: str = ""  # Memos: the environment variable holding this server's token (never the token itself)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v not in ("", None)}
@@ -50,14 +52,24 @@ class SourceSpec:
             timeout=_optional(data, "timeout", float, 0.05, 600.0),
             max_retries=_optional(data, "max_retries", int, 0, 20),
             page_size=_optional(data, "page_size", int, 1, 1000),
+            token_env=str(data.get("token_env") or ""),
         )
+        if spec.token_env and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", spec.token_env):
+            raise ConfigError(f"source {spec.name!r}: token_env must name an environment variable, got "
+                              f"{spec.token_env!r} (put the token in that variable, never in the config)")
         if kind == "vault" and not spec.path:
             raise ConfigError(f"source {spec.name!r}: a vault source needs 'path'")
         if kind == "memos" and not spec.url:
             raise ConfigError(f"source {spec.name!r}: a memos source needs 'url'")
         if not spec.name:
             spec.name = default_source_name(spec)
+        if not _SOURCE_NAME.fullmatch(spec.name) or spec.name.strip(". ") == "" or spec.name != spec.name.strip():
+            raise ConfigError(f"source name {spec.name!r}: up to 100 characters, no '/', backslash or control "
+                              "characters, not '.' or '..' (it is part of every note id)")
         return spec
+
+
+_SOURCE_NAME = re.compile(r"[^/\\\x00-\x1f\x7f]{1,100}")
 
 
 def _optional(data: dict[str, Any], key: str, kind: type, low: float, high: float) -> Any:
@@ -92,6 +104,19 @@ def memos_source(url: str) -> SourceSpec:
 
 
 @dataclass
+class RemoteEmbedding:
+    """[embedding] options of an `openai:<name>` model. The key is read from the environment when the model is built
+    (EMBEDDING_API_KEY, else OPENAI_API_KEY), never stored here."""
+
+    base_url: str = ""  # env EMBEDDING_BASE_URL wins; empty: https://api.openai.com/v1
+    dimensions: int | None = None  # folded into the model id (`openai:<name>@<dimensions>`): a change re-embeds
+    batch_size: int = 16  # texts per request
+    concurrency: int = 4  # requests in flight at once
+    max_retries: int = 3  # retries of a 429, 5xx, timeout or lost connection, with backoff (Retry-After honoured)
+    timeout: float = 60.0  # seconds per request
+
+
+@dataclass
 class Settings:
     home: Path
     sources: list[SourceSpec] = field(default_factory=list)
@@ -105,6 +130,7 @@ class Settings:
     llm: dict[str, Any] = field(default_factory=dict)
     mcp: dict[str, Any] = field(default_factory=dict)
     serve: dict[str, Any] = field(default_factory=dict)
+    remote_embedding: RemoteEmbedding = field(default_factory=RemoteEmbedding)
 
     @property
     def models(self) -> list[str]:
@@ -143,12 +169,24 @@ def default_home() -> Path:
 
 
 def validate_embedding_model(model: str) -> str:
-    if model in (DEFAULT_EMBEDDING, FAST_EMBEDDING) or (model.startswith("hf:") and len(model) > 3):
+    if model in (DEFAULT_EMBEDDING, FAST_EMBEDDING) or (model.startswith("hf:") and len(model) > 3) \
+            or remote_model(model):
         return model
     raise ConfigError(
-        f"embedding.model must be {DEFAULT_EMBEDDING!r} (default), {FAST_EMBEDDING!r} (fast) "
-        f"or 'hf:<local dir or model name>', got {model!r}"
+        f"embedding.model must be {DEFAULT_EMBEDDING!r} (default), {FAST_EMBEDDING!r} (fast), "
+        f"'hf:<local dir or model name>' or 'openai:<name>' (an embeddings server), got {model!r}"
     )
+
+
+_REMOTE_MODEL = re.compile(re.escape(REMOTE_PREFIX) + r"(?P<name>[^\s@]\S*?)(?:@(?P<dims>[1-9][0-9]{0,5}))?")
+
+
+def remote_model(model: str) -> tuple[str, int | None] | None:
+    """`openai:<name>[@<dimensions>]` → (name, dimensions); None for a model that is not served remotely."""
+    match = _REMOTE_MODEL.fullmatch(model)
+    if match is None:
+        return None
+    return match["name"], int(match["dims"]) if match["dims"] else None
 
 
 def model_slug(model: str) -> str:
@@ -192,6 +230,14 @@ def _apply(settings: Settings, data: dict[str, Any], where: Path) -> None:
         raise ConfigError(f"{where}: two sources share a name: {names}")
     embedding = data.get("embedding", {})
     settings.embedding_model = str(embedding.get("model", settings.embedding_model))
+    settings.remote_embedding = _remote_embedding(embedding, where)
+    dimensions = settings.remote_embedding.dimensions
+    if dimensions is not None:
+        parts = remote_model(settings.embedding_model)
+        if parts is None or parts[1] not in (None, dimensions):
+            raise ConfigError(f"{where}: embedding.dimensions needs model = 'openai:<name>' (without another "
+                              f"'@<dimensions>'), got {settings.embedding_model!r}")
+        settings.embedding_model = f"{REMOTE_PREFIX}{parts[0]}@{dimensions}"
     if "second_model" in embedding:
         settings.second_model = str(embedding["second_model"] or "")
         if settings.second_model:
@@ -204,7 +250,44 @@ def _apply(settings: Settings, data: dict[str, Any], where: Path) -> None:
     settings.retrieval = dict(data.get("retrieval", {}))
     settings.llm = dict(data.get("llm", {}))
     settings.mcp = dict(data.get("mcp", {}))
+    allow_private = settings.mcp.get("allow_private", False)
+    if not isinstance(allow_private, bool):
+        raise ConfigError(f"{where}: mcp.allow_private must be true or false (no quotes), got {allow_private!r}")
     settings.serve = dict(data.get("serve", {}))
+
+
+_EMBEDDING_KEYS = {"model", "second_model", "base_url", "dimensions", "batch_size", "concurrency", "max_retries",
+                   "timeout"}
+
+
+def _remote_embedding(section: dict[str, Any], where: Path) -> RemoteEmbedding:
+    """The options of an `openai:` model in [embedding], each checked (a typo must not pass silently)."""
+    unknown = set(section) - _EMBEDDING_KEYS
+    if unknown:
+        raise ConfigError(f"{where}: [embedding] has no setting(s) {sorted(unknown)}; known: {sorted(_EMBEDDING_KEYS)}")
+    base_url = section.get("base_url", "")
+    if not isinstance(base_url, str) or (base_url and not re.match(r"https?://[^\s/]", base_url)):
+        raise ConfigError(f"{where}: embedding.base_url must be an http(s) URL, got {base_url!r}")
+    defaults = RemoteEmbedding()
+
+    def number(key: str, kind: type, low: float, high: float) -> Any:
+        value = section.get(key, getattr(defaults, key))
+        if value is None and key == "dimensions":
+            return None
+        wrong_kind = isinstance(value, bool) or not isinstance(value, int if kind is int else int | float)
+        if wrong_kind or not low <= value <= high:
+            what = "a whole number" if kind is int else "a number"
+            raise ConfigError(f"{where}: embedding.{key} must be {what} from {low:g} to {high:g}, got {value!r}")
+        return kind(value)
+
+    return RemoteEmbedding(
+        base_url=base_url.rstrip("/"),
+        dimensions=number("dimensions", int, 1, 65536),
+        batch_size=number("batch_size", int, 1, 2048),
+        concurrency=number("concurrency", int, 1, 32),
+        max_retries=number("max_retries", int, 0, 20),
+        timeout=number("timeout", float, 0.05, 600.0),
+    )
 
 
 def _int(section: dict[str, Any], key: str, default: int, low: int, high: int) -> int:

@@ -16,7 +16,16 @@ from rag_app.graph import LinkGraph
 from rag_app.manifest import Manifest
 from rag_app.query import SearchError, SearchFilters
 from rag_app.store import StoreError
-from rag_app.sync import Progress, SourceReport, SyncBusyError, SyncLock, SyncReport, sync_sources
+from rag_app.sync import (
+    TOKEN_ORIGIN,
+    Progress,
+    SourceReport,
+    SyncBusyError,
+    SyncLock,
+    SyncReport,
+    sync_sources,
+    url_origin,
+)
 from readers.records import decode_list
 
 if TYPE_CHECKING:
@@ -224,6 +233,7 @@ class Brain:
             raise NoteNotFound(f"no note with id {note_id!r}")
         text, meta = found
         graph = self.graph()
+        hidden = graph.private if audience == "agent" and not self.settings.mcp.get("allow_private", False) else set()
         note = _citation_fields(note_id, meta)
         note.update(
             text=text[:max_chars],
@@ -233,8 +243,8 @@ class Brain:
             aliases=decode_list(meta.get("aliases")),
             created=meta.get("created"),
             updated=meta.get("updated") or meta.get("mtime"),
-            links=graph.outgoing.get(note_id, []),
-            backlinks=graph.backlinks.get(note_id, []),
+            links=[n for n in graph.outgoing.get(note_id, []) if n not in hidden],
+            backlinks=[n for n in graph.backlinks.get(note_id, []) if n not in hidden],
             broken_links=graph.broken.get(note_id, []),
         )
         return note
@@ -297,6 +307,10 @@ class Brain:
                 with manifest.transaction():
                     manifest.delete_notes(note_ids)
                     manifest.delete_source(name)
+                    servers = {url_origin(str(row["spec"].get("url"))) for row in manifest.sources().values()
+                               if row["kind"] == "memos"}
+                    if manifest.get_meta(TOKEN_ORIGIN) not in servers:
+                        manifest.delete_meta(TOKEN_ORIGIN)  # the generic token is free for the next server
             finally:
                 manifest.close()
         in_config = any(s.name == name for s in self.settings.sources)
@@ -311,9 +325,9 @@ _NOTE_ID = re.compile(r"^(vault|memos):[^\x00-\x1f]{1,1000}$")
 
 
 def validate_note_id(note_id: object) -> str:
-    """Note ids are `vault:<vault>/<path>` or `memos:<uid>`: never file paths, never traversal."""
+    """Note ids are `vault:<vault>/<path>` or `memos:<source>/<uid>`: never file paths, never traversal."""
     if not isinstance(note_id, str) or not _NOTE_ID.match(note_id):
-        raise SearchError("a note id looks like 'vault:<vault>/<path>.md' or 'memos:<uid>'")
+        raise SearchError("a note id looks like 'vault:<vault>/<path>.md' or 'memos:<source>/<uid>'")
     rest = note_id.split(":", 1)[1]
     if any(part in ("..", ".") for part in rest.split("/")) or rest.startswith("/") or "\\" in rest:
         raise SearchError("a note id cannot contain '..', '.', a leading '/' or backslashes")

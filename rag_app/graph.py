@@ -14,12 +14,15 @@ class LinkGraph:
     outgoing: dict[str, list[str]] = field(default_factory=dict)
     backlinks: dict[str, list[str]] = field(default_factory=dict)
     broken: dict[str, list[str]] = field(default_factory=dict)
+    private: set[str] = field(default_factory=set)  # PRIVATE memos: shells hide them from agents unless allowed
 
     @staticmethod
     def build(notes: dict[str, dict[str, Any]]) -> LinkGraph:
         graph = LinkGraph()
         resolver = _Resolver(notes)
         for note_id, meta in notes.items():
+            if meta.get("kind") == "memos" and meta.get("visibility") == "PRIVATE":
+                graph.private.add(note_id)
             targets: list[str] = []
             for raw in decode_list(meta.get("links")):
                 target = resolver.resolve(raw, meta)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,18 @@ CREATE TABLE IF NOT EXISTS note_docs (
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
+# Vault files as last parsed: a signature of the bytes (and parsing code) and the content hash the record had. Created
+# by `Manifest()` in new and older homes alike; only `trusted_signatures` reads it, and only through `notes`.
+SIGNATURE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS file_signatures (
+    note_id TEXT PRIMARY KEY,
+    source TEXT NOT NULL,
+    signature TEXT NOT NULL,
+    hash TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS file_signatures_source ON file_signatures(source);
+"""
+
 
 @dataclass
 class ManifestEntry:
@@ -93,11 +105,21 @@ class Plan:
 
 
 def make_plan(
-    entries: dict[str, ManifestEntry], records: list[NoteRecord], kept_ids: set[str], model: str, chunker: str
+    entries: dict[str, ManifestEntry], records: list[NoteRecord], kept_ids: set[str], model: str, chunker: str,
+    unchanged_ids: set[str] | frozenset[str] = frozenset(),
 ) -> Plan:
-    """Compare a complete listing of one source against the manifest rows of that source."""
+    """Compare a complete listing of one source against the manifest rows of that source.
+
+    `unchanged_ids` are notes the reader verified unchanged without a record (from `Manifest.trusted_signatures`, so
+    with this model and chunker): with no record to embed, any other state is a caller's error.
+    """
     plan = Plan()
-    seen: set[str] = set()
+    seen: set[str] = set(unchanged_ids)
+    for note_id in unchanged_ids:
+        entry = entries.get(note_id)
+        if entry is None or entry.model != model or entry.chunker != chunker:
+            raise ValueError(f"{note_id} was listed as unchanged but its index entry is not current")
+    plan.unchanged += len(unchanged_ids)
     for record in records:
         if record.id in seen:
             continue
@@ -129,6 +151,7 @@ class Manifest:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
+        self.db.executescript(SIGNATURE_SCHEMA)
         columns = {row[1] for row in self.db.execute("PRAGMA table_info(chunks)")}
         if "tokens" not in columns:
             self.db.execute("ALTER TABLE chunks ADD COLUMN tokens TEXT")
@@ -172,6 +195,30 @@ class Manifest:
             "INSERT OR REPLACE INTO note_docs VALUES (?, ?, ?, ?)", (record.id, source, record.text, metadata)
         )
 
+    def trusted_signatures(self, source: str, model: str, chunker: str) -> dict[str, str]:
+        """note id → file signature, for notes whose index entry is current: the hash stored with the signature is the
+        note's hash, it was embedded with this model and chunker, and its text is kept. A file whose bytes still match
+        needs no parsing; any other note is parsed and compared as usual."""
+        rows = self.db.execute(
+            "SELECT s.note_id, s.signature FROM file_signatures s "
+            "JOIN notes n ON n.note_id = s.note_id AND n.hash = s.hash "
+            "JOIN note_docs d ON d.note_id = s.note_id "
+            "WHERE s.source = ? AND n.source = ? AND n.model = ? AND n.chunker = ?",
+            (source, source, model, chunker),
+        )
+        return dict(rows.fetchall())
+
+    def put_signatures(self, source: str, signatures: dict[str, tuple[str, str]], present: set[str]) -> None:
+        """Store (signature, content hash) per note id; forget the source's other notes unless `present`, and
+        signatures of notes no longer indexed."""
+        stale = [n for (n,) in self.db.execute("SELECT note_id FROM file_signatures WHERE source = ?", (source,))
+                 if n not in present and n not in signatures]
+        for batch, marks in _in_batches(stale):
+            self.db.execute(f"DELETE FROM file_signatures WHERE note_id IN ({marks})", batch)
+        self.db.executemany("INSERT OR REPLACE INTO file_signatures VALUES (?, ?, ?, ?)",
+                            [(n, source, sig, h) for n, (sig, h) in signatures.items()])
+        self.db.execute("DELETE FROM file_signatures WHERE note_id NOT IN (SELECT note_id FROM notes)")
+
     def notes_without_docs(self, source: str) -> set[str]:
         rows = self.db.execute(
             "SELECT n.note_id FROM notes n LEFT JOIN note_docs d ON d.note_id = n.note_id "
@@ -186,6 +233,35 @@ class Manifest:
     def note_metadata(self) -> dict[str, dict[str, Any]]:
         """note id → metadata for every note (the link graph is built from these)."""
         return {n: json.loads(m) for n, m in self.db.execute("SELECT note_id, metadata FROM note_docs")}
+
+    def rename_notes(self, renames: dict[str, str], remap: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        """Give notes new ids in every table, their chunks following (`<note id>:chunk:<n>`), without re-embedding.
+
+        `remap` rewrites ids inside metadata (links, parent). A note whose stored hash is that of its stored text and
+        metadata gets the hash of the remapped metadata, so the next listing, which carries the new ids, matches it.
+        """
+        for old, new in renames.items():
+            row = self.db.execute("SELECT hash, chunk_ids FROM notes WHERE note_id = ?", (old,)).fetchone()
+            if row is None:
+                continue
+            content_hash, chunk_ids = row[0], json.loads(row[1])
+            doc = self.db.execute("SELECT text, metadata FROM note_docs WHERE note_id = ?", (old,)).fetchone()
+            if doc is not None:
+                old_meta = json.loads(doc[1])
+                new_meta = remap(old_meta)
+                if content_hash == NoteRecord(old, doc[0], old_meta).content_hash:
+                    content_hash = NoteRecord(new, doc[0], new_meta).content_hash
+                self.db.execute("UPDATE note_docs SET note_id = ?, metadata = ? WHERE note_id = ?",
+                                (new, json.dumps(new_meta, ensure_ascii=False), old))
+            self.db.execute("UPDATE notes SET note_id = ?, hash = ?, chunk_ids = ? WHERE note_id = ?",
+                            (new, content_hash, json.dumps([new + c[len(old):] for c in chunk_ids]), old))
+            chunks = self.db.execute("SELECT chunk_id, metadata FROM chunks WHERE note_id = ?", (old,)).fetchall()
+            self.db.executemany(
+                "UPDATE chunks SET chunk_id = ?, note_id = ?, metadata = ? WHERE chunk_id = ?",
+                [(new + c[len(old):], new, json.dumps(remap(json.loads(m)), ensure_ascii=False), c) for c, m in chunks],
+            )
+        if renames:
+            self.bump_generation()
 
     def delete_notes(self, note_ids: list[str]) -> None:
         if note_ids:
@@ -321,6 +397,9 @@ class Manifest:
 
     def set_meta(self, key: str, value: str) -> None:
         self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+    def delete_meta(self, key: str) -> None:
+        self.db.execute("DELETE FROM meta WHERE key = ?", (key,))
 
 
 class _Transaction:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -139,6 +140,24 @@ def collection_ids(collection: Any) -> set[str]:
         if len(got) < 5000:
             return out
         offset += len(got)
+
+
+def rename_chunks(collection: Any, renames: dict[str, str], remap: Callable[[dict[str, Any]], dict[str, Any]]) -> int:
+    """Move chunks to new ids with their vectors, documents and remapped metadata: no re-embedding.
+
+    Upsert under the new id, then delete the old: repeating it after a crash finds the old ids gone and moves nothing.
+    """
+    old_ids = list(renames)
+    moved = 0
+    for start in range(0, len(old_ids), 500):
+        got = collection.get(ids=old_ids[start : start + 500], include=["embeddings", "metadatas", "documents"])
+        if not got["ids"]:
+            continue
+        collection.upsert(ids=[renames[i] for i in got["ids"]], embeddings=got["embeddings"],
+                          metadatas=[remap(dict(m or {})) for m in got["metadatas"]], documents=got["documents"])
+        collection.delete(ids=got["ids"])
+        moved += len(got["ids"])
+    return moved
 
 
 class LiveCollection:

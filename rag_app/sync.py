@@ -16,12 +16,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 from rag_app.chunking import chunk_markdown, chunker_id
-from rag_app.config import Settings, SourceSpec
+from rag_app.config import ConfigError, Settings, SourceSpec
 from rag_app.keyword import TOKENIZER_VERSION, chunk_index_text, tokenize
 from rag_app.manifest import Manifest, Plan, make_plan
-from readers.records import NoteRecord, SourceListing
+from readers.records import NoteRecord, SourceListing, decode_list, encode_list
 
 log = logging.getLogger("cflow_brain.sync")
 BATCH_CHUNKS = 64
@@ -118,16 +119,16 @@ class SyncLock:
             self._fd = None
 
 
-def read_source(spec: SourceSpec) -> SourceListing:
-    """A complete listing of one source, or an exception: never a partial listing."""
+def read_source(spec: SourceSpec, token: str | None = None) -> SourceListing:
+    """A complete listing of one source, or an exception: never a partial listing. `token`: see `memos_token`."""
     if spec.kind == "vault":
         from readers.vault_scanner import VaultScanner
 
         return VaultScanner(spec.path, name=spec.name).scan()
-    from readers.memos_client import MemosClient, fetch_memos, token_from_env
+    from readers.memos_client import MemosClient, fetch_memos
 
     knobs = {"timeout": spec.timeout, "max_retries": spec.max_retries, "page_size": spec.page_size}
-    with MemosClient(spec.url, token_from_env(), **{k: v for k, v in knobs.items() if v is not None}) as client:
+    with MemosClient(spec.url, token, **{k: v for k, v in knobs.items() if v is not None}) as client:
         return fetch_memos(
             spec.url,
             None,
@@ -136,6 +137,37 @@ def read_source(spec: SourceSpec) -> SourceListing:
             include_comments=spec.include_comments,
             client=client,
         )
+
+
+TOKEN_ORIGIN = "memos_token_origin"
+
+
+def memos_token(spec: SourceSpec, manifest: Manifest) -> tuple[str | None, str | None]:
+    """The token this Memos source may be sent, and a warning when a token exists that is not its own.
+
+    A token belongs to one server. `token_env` in a source's config names its own variable. The generic
+    CFLOW_API_TOKEN / MEMOS_TOKEN belongs to the origin of the first Memos source synced with it: that binding,
+    never the token, is kept in the manifest, and no other origin is sent the token."""
+    from readers.memos_client import TOKEN_ENV_VARS, token_from_env
+
+    if spec.token_env:
+        token = os.environ.get(spec.token_env, "").strip()
+        if not token:
+            raise ConfigError(f"source {spec.name}: its token_env names ${spec.token_env}, which is not set")
+        return token, None
+    generic = token_from_env()
+    bound = manifest.get_meta(TOKEN_ORIGIN)
+    if not generic or bound in (None, url_origin(spec.url)):
+        return generic, None
+    return None, (f"{TOKEN_ENV_VARS[0]} belongs to {bound}, so it is not sent to {url_origin(spec.url)}; give this "
+                  'source its own token: token_env = "VARIABLE" in its [[sources]] entry of config.toml')
+
+
+def url_origin(url: str) -> str:
+    """scheme://host:port, the unit a token belongs to."""
+    parts = urlsplit(url.strip())
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return f"{parts.scheme.lower()}://{(parts.hostname or '').lower()}:{port}"
 
 
 class _Applier:
@@ -175,7 +207,7 @@ class _Applier:
             from rag_app.store import VectorIndex
 
             self._second_index = VectorIndex(self.settings, str(self.second), client=self.index.client)
-            self._second_embed = load_embedding(str(self.second))
+            self._second_embed = load_embedding(str(self.second), self.settings)
             self.report.model_loaded = True
         return self._second_index, self._second_embed
 
@@ -223,7 +255,7 @@ class _Applier:
             from rag_app.embeddings import load_embedding
             from rag_app.pipeline import MarkdownChunker, build_pipeline
 
-            embed_model = load_embedding(self.settings.embedding_model)
+            embed_model = load_embedding(self.settings.embedding_model, self.settings)
             embed_model.set_progress_hook(self.progress.advance)
             self.report.model_loaded = True
             chunker = MarkdownChunker(max_chars=self.settings.chunk_max_chars, overlap=self.settings.chunk_overlap)
@@ -325,6 +357,67 @@ def _widen_search_beam(settings: Settings, manifest: Manifest) -> None:
     manifest.set_meta("hnsw_ef_search", str(SEARCH_EF))
 
 
+MEMO_ID_SCHEME = "memos:<source>/<uid>"
+_ID_KEYS = frozenset({"note_id", "document_id", "doc_id", "ref_doc_id", "parent", "id_", "node_id"})
+
+
+def _namespace_memo_ids(settings: Settings, manifest: Manifest) -> None:
+    """Once per home: ids of homes made before memo ids were namespaced by source (`memos:<uid>`, which let two
+    servers' memos 1, 2, … overwrite each other) become `memos:<source>/<uid>`, vectors moved, nothing re-embedded.
+
+    Chroma first, then one manifest transaction with the flag: after a crash the next sync repeats it harmlessly."""
+    if manifest.get_meta("memo_ids") == MEMO_ID_SCHEME:
+        return
+    entries = {n: e for n, e in manifest.entries().items() if n.startswith("memos:")}
+    by_source: dict[str, dict[str, str]] = {}
+    for old, entry in entries.items():
+        by_source.setdefault(entry.source, {})[old] = _old_memo_id_renamed(old, entry.source)
+    if entries:
+        from rag_app.store import collection_name, open_chroma, rename_chunks
+
+        client = open_chroma(settings)
+        for model in {m for e in entries.values() for m in e.model.split("+")}:
+            try:
+                collection = client.get_collection(collection_name(model))
+            except Exception:  # no collection of this model (nothing was embedded with it)
+                continue
+            for source, renames in by_source.items():
+                chunks = {c: new + c[len(old):] for old, new in renames.items() for c in entries[old].chunk_ids}
+                rename_chunks(collection, chunks, lambda meta, source=source: _remap_memo_ids(meta, source))
+    with manifest.transaction():
+        for source, renames in by_source.items():
+            manifest.rename_notes(renames, lambda meta, source=source: _remap_memo_ids(meta, source))
+        manifest.set_meta("memo_ids", MEMO_ID_SCHEME)
+    if entries:
+        log.info("note ids of %d memos namespaced by source (no re-embedding)", len(entries))
+
+
+def _old_memo_id_renamed(value: str, source: str) -> str:
+    """`memos:<uid>` or `memos:<uid>:chunk:<n>` of an older home, in the namespaced form; anything else as it is."""
+    from readers.memos_client import memo_note_id
+
+    if not value.startswith("memos:"):
+        return value
+    note, marker, n = value.partition(":chunk:")
+    return memo_note_id(source, note.removeprefix("memos:")) + marker + n
+
+
+def _remap_memo_ids(meta: dict[str, Any], source: str) -> dict[str, Any]:
+    """Metadata with the ids it holds (links, parent, LlamaIndex's node and document ids) renamed."""
+    out: dict[str, Any] = {}
+    for key, value in meta.items():
+        if key == "links" and isinstance(value, str):
+            value = encode_list([_old_memo_id_renamed(v, source) for v in decode_list(value)])
+        elif key == "_node_content" and isinstance(value, str):
+            value = json.dumps(_remap_memo_ids(json.loads(value), source))
+        elif key in _ID_KEYS and isinstance(value, str):
+            value = _old_memo_id_renamed(value, source)
+        elif isinstance(value, dict):
+            value = _remap_memo_ids(value, source)
+        out[key] = value
+    return out
+
+
 def keyword_stamp(manifest: Manifest) -> str:
     return f"{manifest.generation()}/{TOKENIZER_VERSION}"
 
@@ -407,6 +500,7 @@ def sync_sources(
         try:
             if not manifest.counts() and manifest.get_meta("tokenizer_version") is None:
                 manifest.set_meta("tokenizer_version", TOKENIZER_VERSION)  # a new home: its tokens are all current
+            _namespace_memo_ids(settings, manifest)
             applier = _Applier(settings, manifest, report, progress)
             for spec in specs:
                 source_report = _sync_one(spec, manifest, applier)
@@ -426,14 +520,17 @@ def _sync_one(spec: SourceSpec, manifest: Manifest, applier: _Applier) -> Source
     result = SourceReport(name=spec.name, kind=spec.kind)
     manifest.put_source(spec.name, spec.kind, spec.to_dict())
     try:
-        listing = read_source(spec)
+        token, token_warning = memos_token(spec, manifest) if spec.kind == "memos" else (None, None)
+        listing = read_source(spec, token)
     except Exception as exc:  # any failure of the source: keep everything it had
         result.failed = True
         result.error = _one_line(exc)
         log.warning("source %s failed, nothing changed: %s", spec.name, result.error)
         manifest.record_result(spec.name, asdict(result), succeeded=False)
         return result
-    result.warnings = listing.warnings
+    if token and not spec.token_env and manifest.get_meta(TOKEN_ORIGIN) is None:
+        manifest.set_meta(TOKEN_ORIGIN, url_origin(spec.url))
+    result.warnings = ([token_warning] if token_warning else []) + listing.warnings
     result.skipped = listing.skipped
     for warning in listing.warnings:
         log.warning("%s: %s", spec.name, warning)

@@ -9,11 +9,13 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
+import httpcore
 import httpx
 
 from readers.markdown_syntax import as_datetime, date_fields, first_h1, strip_code
@@ -23,6 +25,27 @@ TOKEN_ENV_VARS = ("CFLOW_API_TOKEN", "MEMOS_TOKEN")
 _RETRY_STATUS = {429, 500, 502, 503, 504}
 _VISIBILITIES = {"PUBLIC", "PROTECTED", "PRIVATE"}
 _MEMOS_TAG = re.compile(r"#([^\s#,]+)")  # the server's own rule: a tag may follow CJK punctuation directly
+MiB = 1024 * 1024
+# Limits against hostile or broken servers; each is a MemosClient keyword (and a [[sources]] key).
+DEFAULT_MAX_MEMOS = 200_000  # memos one listing may hold
+DEFAULT_MAX_MEMO_BYTES = 2 * MiB  # one memo's content, as for vault files: larger ones are skipped, indexed copy kept
+DEFAULT_MAX_RESPONSE_BYTES = 64 * MiB  # one answer's body, decompressed
+DEFAULT_MAX_LISTING_BYTES = 512 * MiB  # all answers of one listing together
+DEFAULT_REQUEST_DEADLINE = 120.0  # seconds for one whole answer: the read timeout alone restarts with every byte
+DEFAULT_LISTING_DEADLINE = 1800.0  # seconds for one whole listing, retries included
+_VALUE_BYTES = 32  # a body may hold one JSON value per this many bytes of max_response_bytes (parsing inflates ~20x)
+_ENCODINGS = {"", "identity", "gzip", "x-gzip", "deflate"}  # no brotli: one chunk can inflate without bound
+_REDACTED = "[redacted]"
+_CREDENTIAL = r"[^\s\"'<>,;)\]}]+"
+_SECRET_PATTERNS = (
+    re.compile(
+        r"(?i)(\b(?:proxy-)?authorization\b[\"']?\s*[:=]\s*[\[\"']?\s*)"
+        rf"(?:(?:bearer|basic|token|digest)(?:\s+|%20|\+))?{_CREDENTIAL}"
+    ),
+    re.compile(rf"(?i)(\bbearer(?:\s+|%20|\+)){_CREDENTIAL}"),
+)
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def token_from_env() -> str | None:
@@ -30,8 +53,24 @@ def token_from_env() -> str | None:
     return next((os.environ[name] for name in TOKEN_ENV_VARS if os.environ.get(name)), None)
 
 
+def redact_secrets(text: str, secrets: Iterable[str] = ()) -> str:
+    """`text` without the given secrets (also JSON- or URL-escaped) and without any bearer or Authorization value.
+
+    Servers echo request headers in error bodies; whatever reaches a log, the manifest or a tool must not carry them.
+    """
+    for secret in {s.strip() for s in secrets if s and s.strip()}:
+        for form in {secret, json.dumps(secret)[1:-1], json.dumps(secret)[1:-1].replace("/", "\\/"), quote(secret)}:
+            text = text.replace(form, _REDACTED)
+    for pattern in _SECRET_PATTERNS:
+        text = pattern.sub(rf"\1{_REDACTED}", text)
+    return text
+
+
 class MemosError(Exception):
     """The server could not be read completely; the message says what failed (never the token)."""
+
+    def __init__(self, message: str = "", *, secrets: Iterable[str] = ()):
+        super().__init__(redact_secrets(message, secrets))
 
 
 class MemosAuthError(MemosError):
@@ -54,8 +93,120 @@ def _parse_version(text: object) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", str(text or ""))[:3])
 
 
+@dataclass
+class Answer:
+    """One HTTP answer read whole within the client's limits."""
+
+    status_code: int
+    headers: httpx.Headers
+    content: bytes
+    reason_phrase: str
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+
+@dataclass
+class _Guard:
+    """Limits of the request in flight, enforced on every socket read and write (httpx's timeouts restart per read).
+
+    `tripped` says which limit cut the exchange, so the client can name it instead of a bare timeout.
+    """
+
+    deadline: float | None = None
+    budget: int | None = None  # raw bytes still allowed, headers and redirect bodies included
+    tripped: str = ""
+
+    def timeout(self, timeout: float | None, error: type[Exception]) -> float | None:
+        if self.deadline is None:
+            return timeout
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            self.tripped = "deadline"
+            raise error("request deadline passed")
+        return left if timeout is None else min(timeout, left)
+
+    def spend(self, count: int) -> None:
+        if self.budget is not None:
+            self.budget -= count
+            if self.budget < 0:
+                self.tripped = "bytes"
+                raise httpcore.ReadError("response byte limit passed")
+
+
+class _GuardedStream(httpcore.NetworkStream):
+    def __init__(self, inner: httpcore.NetworkStream, guard: _Guard):
+        self._inner, self._guard = inner, guard
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        data = self._inner.read(max_bytes, self._guard.timeout(timeout, httpcore.ReadTimeout))
+        self._guard.spend(len(data))
+        return data
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, self._guard.timeout(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(
+        self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore.NetworkStream:
+        timeout = self._guard.timeout(timeout, httpcore.ConnectTimeout)
+        return _GuardedStream(self._inner.start_tls(ssl_context, server_hostname, timeout), self._guard)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _GuardedBackend(httpcore.NetworkBackend):
+    def __init__(self, inner: httpcore.NetworkBackend, guard: _Guard):
+        self._inner, self._guard = inner, guard
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        timeout = self._guard.timeout(timeout, httpcore.ConnectTimeout)
+        return _GuardedStream(self._inner.connect_tcp(host, port, timeout, local_address, socket_options), self._guard)
+
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore.NetworkStream:
+        timeout = self._guard.timeout(timeout, httpcore.ConnectTimeout)
+        return _GuardedStream(self._inner.connect_unix_socket(path, timeout, socket_options), self._guard)
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+def _guarded_transport(base_url: str, guard: _Guard) -> httpx.HTTPTransport:
+    """httpx's own transport (with the proxy the environment names for this URL), its sockets watched by `guard`.
+
+    httpx has no public hook below the response stream, so the pool's network backend is wrapped; the hostile-server
+    tests fail loudly if a new httpx moves it.
+    """
+    parts = urlsplit(base_url)
+    proxies = {} if urllib.request.proxy_bypass(parts.hostname or "") else urllib.request.getproxies()
+    transport = httpx.HTTPTransport(proxy=proxies.get(parts.scheme) or proxies.get("all"))
+    pool = transport._pool
+    pool._network_backend = _GuardedBackend(pool._network_backend, guard)
+    return transport
+
+
 class MemosClient:
-    """A read-only HTTP client with bounded retries (429, 5xx, timeouts) and complete paging."""
+    """A read-only HTTP client with bounded retries (429, 5xx, timeouts), complete paging, and hard limits.
+
+    A listing (what `fetch_memos` reads through `begin_listing`) holds at most `max_memos` memos and
+    `max_listing_bytes` of answers, and ends within `listing_deadline` seconds; one answer is at most
+    `max_response_bytes` and arrives within `request_deadline` seconds. Breaking a limit fails the listing with a
+    message naming the limit, so a hostile or broken server costs bounded memory and time.
+    """
 
     def __init__(
         self,
@@ -67,6 +218,12 @@ class MemosClient:
         backoff: float = 0.5,
         page_size: int = 1000,
         max_pages: int = 10_000,
+        max_memos: int = DEFAULT_MAX_MEMOS,
+        max_memo_bytes: int = DEFAULT_MAX_MEMO_BYTES,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        max_listing_bytes: int = DEFAULT_MAX_LISTING_BYTES,
+        request_deadline: float = DEFAULT_REQUEST_DEADLINE,
+        listing_deadline: float = DEFAULT_LISTING_DEADLINE,
         sleep: Callable[[float], None] = time.sleep,
     ):
         if not re.match(r"^https?://", base_url or ""):
@@ -81,11 +238,26 @@ class MemosClient:
         self.backoff = backoff
         self.page_size = page_size
         self.max_pages = max_pages
+        self.max_memos = max_memos
+        self.max_memo_bytes = max_memo_bytes
+        self.max_response_bytes = max_response_bytes
+        self.max_listing_bytes = max_listing_bytes
+        self.request_deadline = request_deadline
+        self.listing_deadline = listing_deadline
+        self.warnings: list[str] = []  # repairs made while reading the current listing
         self._sleep = sleep
-        headers = {"Accept": "application/json", "User-Agent": "cflow-brain"}
+        self._guard = _Guard()
+        self.begin_listing()
+        headers = {"Accept": "application/json", "Accept-Encoding": "gzip, deflate", "User-Agent": "cflow-brain"}
         if self._token:
             headers["Authorization"] = f"Bearer {self._token}"
-        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout, follow_redirects=True)
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=timeout,
+            follow_redirects=True,
+            transport=_guarded_transport(self.base_url, self._guard),
+        )
 
     def __repr__(self) -> str:
         return f"MemosClient({self.base_url!r}, token={'set' if self._token else 'none'})"
@@ -93,6 +265,17 @@ class MemosClient:
     @property
     def has_token(self) -> bool:
         return self._token is not None
+
+    def begin_listing(self) -> None:
+        """Start a listing: its clock, its memo and byte counts, its warnings."""
+        self._listing_ends = time.monotonic() + self.listing_deadline
+        self._listed_memos = 0
+        self._listed_bytes = 0
+        self.warnings = []
+
+    def _error(self, message: str, kind: type[MemosError] = MemosError) -> MemosError:
+        """An error whose text cannot carry the token, whatever the server echoed into it."""
+        return kind(message, secrets=(self._token or "",))
 
     def _auth_hint(self) -> str:
         if self._token:
@@ -108,41 +291,122 @@ class MemosClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def request(self, method: str, path: str, params: dict[str, Any] | None = None, what: str = "") -> httpx.Response:
-        """Send one request, retrying transient failures a bounded number of times."""
+    def request(self, method: str, path: str, params: dict[str, Any] | None = None, what: str = "") -> Answer:
+        """Send one request, retrying transient failures a bounded number of times, within every limit."""
         delay = self.backoff
+        where = f"{method} {path}{what}"
         for attempt in range(self.max_retries + 1):
             last = attempt == self.max_retries
+            if time.monotonic() >= self._listing_ends:
+                raise self._listing_timeout(where)
             try:
-                response = self._http.request(method, path, params=params)
+                answer = self._exchange(method, path, params, where)
             except httpx.TransportError as exc:
+                if self._guard.tripped == "bytes":
+                    raise self._too_large(where) from None
+                if time.monotonic() >= self._listing_ends:
+                    raise self._listing_timeout(where) from None
                 if last:
-                    failure = (
-                        "timed out"
-                        if isinstance(exc, httpx.TimeoutException)
-                        else f"connection failed ({type(exc).__name__})"
-                    )
-                    raise MemosError(f"{method} {path}{what}: {failure} after {attempt + 1} attempts") from None
+                    if self._guard.tripped == "deadline":
+                        failure = f"no complete answer within {self.request_deadline:g} s (request_deadline)"
+                    elif isinstance(exc, httpx.TimeoutException):
+                        failure = "timed out"
+                    else:
+                        failure = f"connection failed ({type(exc).__name__})"
+                    raise self._error(f"{where}: {failure} after {attempt + 1} attempts") from None
                 self._sleep(delay)
                 delay *= 2
                 continue
-            if response.status_code in _RETRY_STATUS and not last:
-                self._sleep(min(_retry_after(response) or delay, 10.0))
+            if answer.status_code in _RETRY_STATUS and not last:
+                self._sleep(min(_retry_after(answer) or delay, 10.0))
                 delay *= 2
                 continue
-            return response
+            return answer
         raise AssertionError("unreachable")
+
+    def _exchange(self, method: str, path: str, params: dict[str, Any] | None, where: str) -> Answer:
+        """One attempt, read as a stream: the body stops at max_response_bytes, the whole at request_deadline."""
+        guard = self._guard
+        guard.deadline = min(time.monotonic() + self.request_deadline, self._listing_ends)
+        guard.budget = 2 * self.max_response_bytes + MiB  # raw bytes: chunk framing, headers, redirect bodies
+        guard.tripped = ""
+        try:
+            with self._http.stream(method, path, params=params) as response:
+                encoding = response.headers.get("content-encoding", "").strip().lower()
+                if encoding not in _ENCODINGS:
+                    raise self._error(f"{where}: the answer uses an unsupported content encoding {encoding[:40]!r}")
+                if int(response.headers.get("content-length", "0") or 0) > self.max_response_bytes:
+                    raise self._too_large(where)
+                body = bytearray()
+                for chunk in response.iter_bytes():
+                    body += chunk
+                    self._listed_bytes += len(chunk)
+                    if len(body) > self.max_response_bytes:
+                        raise self._too_large(where)
+                    if self._listed_bytes > self.max_listing_bytes:
+                        raise self._error(
+                            f"{where}: the listing passed {self.max_listing_bytes} bytes (max_listing_bytes); "
+                            "if the server really holds that much, raise max_listing_bytes for this source"
+                        )
+                return Answer(response.status_code, response.headers, bytes(body), response.reason_phrase)
+        except ValueError:  # a Content-Length that is not a number
+            raise self._error(f"{where}: malformed Content-Length header") from None
+        finally:
+            guard.deadline = guard.budget = None
+
+    def _too_large(self, where: str) -> MemosError:
+        return self._error(
+            f"{where}: the answer is larger than {self.max_response_bytes} bytes (max_response_bytes); "
+            "if the server really sends that much, raise max_response_bytes for this source"
+        )
+
+    def _listing_timeout(self, where: str) -> MemosError:
+        return self._error(
+            f"{where}: the listing took longer than {self.listing_deadline:g} s (listing_deadline); "
+            "if the server is just slow, raise listing_deadline for this source"
+        )
+
+    def _count(self, memos: int, where: str) -> None:
+        """Count memos into the listing; past max_memos the listing stops (a server may page forever)."""
+        self._listed_memos += memos
+        if self._listed_memos > self.max_memos:
+            raise self._error(
+                f"{where}: the listing passed {self.max_memos} memos (max_memos); "
+                "if the server really holds that many, raise max_memos for this source"
+            )
 
     def get_json(self, path: str, params: dict[str, Any] | None = None, what: str = "") -> Any:
         response = self.request("GET", path, params, what)
         if response.status_code == 401:
-            raise MemosAuthError(f"GET {path}{what}: 401 {_error_message(response)}: {self._auth_hint()}")
+            raise self._error(f"GET {path}{what}: 401 {_error_message(response)}: {self._auth_hint()}", MemosAuthError)
         if response.status_code >= 400:
-            raise MemosError(f"GET {path}{what}: HTTP {response.status_code} {_error_message(response)}")
+            raise self._error(f"GET {path}{what}: HTTP {response.status_code} {_error_message(response)}")
+        return self._parse(response.content, f"GET {path}{what}")
+
+    def _parse(self, body: bytes, where: str) -> Any:
+        """JSON within a value budget (parsing can inflate a body ~20x); bad text repaired with a warning, not fatal.
+
+        Lone surrogates (`"\\ud800"`) and invalid UTF-8 become U+FFFD, as a text editor would show them.
+        """
+        values = body.count(b",") + body.count(b"[") + body.count(b"{")
+        if values > self.max_response_bytes // _VALUE_BYTES:
+            raise self._error(
+                f"{where}: the answer holds more than {self.max_response_bytes // _VALUE_BYTES} JSON values "
+                "(max_response_bytes / 32); if the server really sends that much, raise max_response_bytes"
+            )
         try:
-            return response.json()
-        except ValueError as exc:
-            raise MemosError(f"GET {path}{what}: malformed JSON ({exc})") from None
+            text = body.decode("utf-8")
+            suspect = _SURROGATE_ESCAPE.search(body) is not None
+        except UnicodeDecodeError:
+            text, suspect = body.decode("utf-8", errors="surrogateescape"), True
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+            raise self._error(f"{where}: malformed JSON ({reason})") from None
+        if suspect:
+            self.warnings += [f"{where}: {label}: invalid text replaced with U+FFFD" for label in _repair(value)]
+        return value
 
     def detect(self) -> MemosApi:
         """Probe the profile endpoints in the order the API history suggests."""
@@ -152,12 +416,12 @@ class MemosClient:
             if response.status_code in (404, 405, 501):
                 continue
             if response.status_code == 401:
-                raise MemosAuthError(f"GET {path}: 401 {_error_message(response)}: {self._auth_hint()}")
+                raise self._error(f"GET {path}: 401 {_error_message(response)}: {self._auth_hint()}", MemosAuthError)
             if response.status_code >= 400:
-                raise MemosError(f"GET {path}: HTTP {response.status_code} {_error_message(response)}")
+                raise self._error(f"GET {path}: HTTP {response.status_code} {_error_message(response)}")
             try:
-                body = response.json()
-            except ValueError:
+                body = self._parse(response.content, f"GET {path}")
+            except MemosError:
                 continue
             if not isinstance(body, dict):
                 continue
@@ -167,9 +431,9 @@ class MemosClient:
             if version and version < (0, 24):
                 return MemosApi("v0.22", version)
             return MemosApi("new", version)
-        if self.request("GET", "/api/v1/memo").status_code < 400:
+        if self.request("GET", "/api/v1/memo", {"limit": 1}).status_code < 400:
             return MemosApi("old", ())
-        raise MemosError(f"{self.base_url} does not look like a Memos server (no known API endpoint answered)")
+        raise self._error(f"{self.base_url} does not look like a Memos server (no known API endpoint answered)")
 
     def current_user(self, api: MemosApi) -> dict[str, Any] | None:
         """Who the token belongs to, or None when this version has no way to ask; raises if the token is refused."""
@@ -185,17 +449,18 @@ class MemosClient:
             if response.status_code in (404, 405, 501):
                 continue
             if response.status_code in (401, 403):
-                raise MemosAuthError(
+                raise self._error(
                     f"the Memos server does not accept the token ({method} {path}: {response.status_code}); "
-                    f"set a valid access token in {TOKEN_ENV_VARS[0]}"
+                    f"set a valid access token in {TOKEN_ENV_VARS[0]}",
+                    MemosAuthError,
                 )
             if response.status_code >= 500:  # retries are spent: guessing "anonymous" could hide PRIVATE memos
-                raise MemosError(f"{method} {path}: HTTP {response.status_code} {_error_message(response)}")
+                raise self._error(f"{method} {path}: HTTP {response.status_code} {_error_message(response)}")
             if response.status_code >= 400:
                 return None
             try:
-                body = response.json()
-            except ValueError:
+                body = self._parse(response.content, f"{method} {path}")
+            except MemosError:
                 return None
             if isinstance(body, dict):
                 user = body.get("user") if isinstance(body.get("user"), dict) else body
@@ -205,21 +470,16 @@ class MemosClient:
     def list_raw(self, api: MemosApi, *, include_archived: bool, user: dict[str, Any] | None) -> list[dict[str, Any]]:
         """Every memo the token can see (comments included for the old API, which lists them)."""
         if api.generation == "old":
-            params = {} if include_archived else {"rowStatus": "NORMAL"}
             try:
-                body = self.get_json("/api/v1/memo", params)
+                return self._walk_offsets("/api/v1/memo", {} if include_archived else {"rowStatus": "NORMAL"})
             except MemosError as exc:
                 if "Missing user" in str(exc):
-                    raise MemosAuthError(
+                    raise self._error(
                         f"this Memos server (old API) lists memos only for a signed-in user: "
-                        f"set an access token in {TOKEN_ENV_VARS[0]}"
+                        f"set an access token in {TOKEN_ENV_VARS[0]}",
+                        MemosAuthError,
                     ) from None
                 raise
-            if isinstance(body, dict) and isinstance(body.get("data"), list):
-                body = body["data"]
-            if not isinstance(body, list):
-                raise MemosError("GET /api/v1/memo: expected a JSON array of memos")
-            return [m for m in body if isinstance(m, dict)]
         params: dict[str, Any] = {}
         me = str((user or {}).get("name") or "")
         if api.generation == "v0.22":
@@ -232,7 +492,7 @@ class MemosClient:
         elif api.version[:2] in ((0, 24), (0, 25)) and self.has_token:
             # v0.24–v0.25 list the caller's PRIVATE memos only with parent=users/{me}.
             if not me.startswith("users/"):
-                raise MemosError(
+                raise self._error(
                     f"Memos {api.version_text} lists PRIVATE memos only for a named user, and the server did not say "
                     "whom the token belongs to; the listing would be incomplete"
                 )
@@ -246,6 +506,33 @@ class MemosClient:
     def list_comments(self, memo_name: str) -> list[dict[str, Any]]:
         return self._walk_pages(f"/api/v1/{quote(memo_name, safe='/')}/comments", {})
 
+    def _walk_offsets(self, path: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """Old API pages by limit/offset (no limit would return every memo in one answer of unbounded size).
+
+        A short page is the last; a page longer than the limit means the server ignores it and sent everything.
+        Offsets shift when memos are written mid-walk, so memos are de-duplicated by id.
+        """
+        by_id: dict[str, dict[str, Any]] = {}
+        offset = 0
+        for page in range(self.max_pages):
+            what = f" (page {page + 1})"
+            body = self.get_json(path, {**params, "limit": self.page_size, "offset": offset}, what=what)
+            if isinstance(body, dict) and isinstance(body.get("data"), list):
+                body = body["data"]
+            if not isinstance(body, list):
+                raise self._error(f"GET {path}{what}: expected a JSON array of memos")
+            self._count(len(body), f"GET {path}{what}")
+            before = len(by_id)
+            for memo in body:
+                if isinstance(memo, dict):
+                    by_id[str(memo["id"]) if memo.get("id") is not None else f"#{len(by_id)}"] = memo
+            if len(body) != self.page_size:
+                return list(by_id.values())
+            if len(by_id) == before:
+                raise self._error(f"GET {path}{what}: the server sent the same page again (offset ignored?)")
+            offset += len(body)
+        raise self._error(f"GET {path}: more than {self.max_pages} pages; paging stopped")
+
     def _walk_pages(self, path: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         """Follow nextPageToken until it is empty or missing, de-duplicating by name (paging is offset-based)."""
         seen_tokens: set[str] = set()
@@ -255,19 +542,58 @@ class MemosClient:
             query = {**params, "pageSize": self.page_size}
             if token:
                 query["pageToken"] = token
-            body = self.get_json(path, query, what=f" (page {page + 1})")
+            what = f" (page {page + 1})"
+            body = self.get_json(path, query, what=what)
             if not isinstance(body, dict) or not isinstance(body.get("memos", []), list):
-                raise MemosError(f"GET {path} (page {page + 1}): expected an object with a 'memos' list")
-            for memo in body.get("memos") or []:
+                raise self._error(f"GET {path}{what}: expected an object with a 'memos' list")
+            memos = body.get("memos") or []
+            self._count(len(memos), f"GET {path}{what}")
+            for memo in memos:
                 if isinstance(memo, dict):
                     by_name[str(memo.get("name") or memo.get("uid") or len(by_name))] = memo
             token = str(body.get("nextPageToken") or "")
             if not token:
                 return list(by_name.values())
             if token in seen_tokens:
-                raise MemosError(f"GET {path}: the server returned page token {token!r} twice; paging stopped")
+                raise self._error(f"GET {path}: the server returned page token {token!r} twice; paging stopped")
             seen_tokens.add(token)
-        raise MemosError(f"GET {path}: more than {self.max_pages} pages; paging stopped")
+        raise self._error(f"GET {path}: more than {self.max_pages} pages; paging stopped")
+
+
+def _repair(value: Any) -> list[str]:
+    """Replace lone surrogates in every string of a parsed answer, in place; name the memos (or parts) repaired."""
+    memos = value if isinstance(value, list) else value.get("memos") if isinstance(value, dict) else None
+    labels = []
+    for memo in memos if isinstance(memos, list) else []:
+        if isinstance(memo, dict) and _repair_strings(memo):
+            label = memo.get("name") or memo.get("uid") or memo.get("id")
+            labels.append("a memo" if label is None else f"memo {label}")
+    if _repair_strings(value):
+        labels.append("the answer")
+    return labels
+
+
+def _repair_strings(root: Any) -> bool:
+    """Iterative (a deep answer must not hit the recursion limit); True when anything was replaced."""
+    changed = False
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key, item in list(node.items()):
+                if isinstance(item, str) and _SURROGATE.search(item):
+                    node[key], changed = _SURROGATE.sub("\ufffd", item), True
+                elif isinstance(item, dict | list):
+                    stack.append(item)
+                if _SURROGATE.search(key):
+                    node[_SURROGATE.sub("\ufffd", key)], changed = node.pop(key), True
+        elif isinstance(node, list):
+            for index, item in enumerate(node):
+                if isinstance(item, str) and _SURROGATE.search(item):
+                    node[index], changed = _SURROGATE.sub("\ufffd", item), True
+                elif isinstance(item, dict | list):
+                    stack.append(item)
+    return changed
 
 
 def fetch_memos(
@@ -352,7 +678,7 @@ def memo_to_record(
             return None
         memo_id = self_key = str(raw_id)  # relations use the numeric id even when v0.20+ adds a `name`
         link_key = str(memo.get("uid") or memo.get("name") or raw_id) if api.version >= (0, 19) else memo_id
-        url = f"{base_url}/m/{link_key}"
+        url = f"{base_url}/m/{safe_uid(link_key)}"
         created = as_datetime(memo.get("createdTs"))
         updated = as_datetime(memo.get("updatedTs"))
         archived = str(memo.get("rowStatus") or "").upper() == "ARCHIVED"
@@ -365,7 +691,8 @@ def memo_to_record(
         uid = str(memo.get("uid") or "") if api.generation == "v0.22" else ""
         memo_id = uid or self_key.removeprefix("memos/")
         use_memos_path = api.version >= (0, 25) or not api.version
-        url = f"{base_url}/memos/{memo_id}" if use_memos_path else f"{base_url}/m/{memo_id}"
+        route = "memos" if use_memos_path else "m"
+        url = f"{base_url}/{route}/{safe_uid(memo_id)}"
         created = as_datetime(memo.get("createTime"))
         updated = as_datetime(memo.get("updateTime"))
         state = str(memo.get("state") or memo.get("rowStatus") or "").upper()
@@ -381,12 +708,12 @@ def memo_to_record(
     if visibility not in _VISIBILITIES:
         visibility = "PRIVATE"
     outgoing = [r for r in _relations(memo) if r["from"] == self_key]
-    links = [_note_id(r["to"], api, uids) for r in outgoing if r["type"] == "REFERENCE"]
+    links = [_note_id(r["to"], api, source, uids) for r in outgoing if r["type"] == "REFERENCE"]
     parent_ref = memo.get("parent")
     if isinstance(parent_ref, dict):  # v0.16–v0.18.1 embed the parent memo
         parent_ref = parent_ref.get("id")
     parent_refs = ([str(parent_ref)] if parent_ref else []) + [r["to"] for r in outgoing if r["type"] == "COMMENT"]
-    parent = next(filter(None, (_note_id(ref, api, uids) for ref in parent_refs)), "")
+    parent = next(filter(None, (_note_id(ref, api, source, uids) for ref in parent_refs)), "")
     title = str(prop.get("title") or "") or first_h1(content) or _first_line(content)
     metadata: dict[str, str | int | float | bool] = {
         "kind": "memos",
@@ -406,7 +733,7 @@ def memo_to_record(
         metadata["parent"] = parent
     metadata.update(date_fields("created", created))
     metadata.update(date_fields("updated", updated))
-    return NoteRecord(id=f"memos:{memo_id}", text=content, metadata=metadata)
+    return NoteRecord(id=memo_note_id(source, memo_id), text=content, metadata=metadata)
 
 
 def _relations(memo: dict[str, Any]) -> list[dict[str, str]]:
@@ -425,12 +752,23 @@ def _relations(memo: dict[str, Any]) -> list[dict[str, str]]:
     return out
 
 
-def _note_id(ref: str, api: MemosApi, uids: Mapping[str, str] | None) -> str:
+def memo_note_id(source: str, memo_id: str) -> str:
+    """`memos:<source>/<uid>`: ids of two servers never meet (both old APIs number memos 1, 2, …)."""
+    return f"memos:{source}/{safe_uid(memo_id)}"
+
+
+def safe_uid(memo_id: str) -> str:
+    """A uid as one path segment of a note id or URL: '/', '..', spaces and the like percent-encoded."""
+    encoded = quote(memo_id, safe="")
+    return encoded.replace(".", "%2E") if encoded.strip(".") == "" else encoded
+
+
+def _note_id(ref: str, api: MemosApi, source: str, uids: Mapping[str, str] | None) -> str:
     """The record id a relation or parent points at; '' on v0.22 when the target's uid is unknown (not listed)."""
     if api.generation == "v0.22":
         uid = (uids or {}).get(ref)
-        return f"memos:{uid}" if uid else ""
-    return f"memos:{ref.removeprefix('memos/')}"
+        return memo_note_id(source, uid) if uid else ""
+    return memo_note_id(source, ref.removeprefix("memos/")) if ref else ""
 
 
 def _attachment_names(memo: dict[str, Any]) -> list[str]:
@@ -446,14 +784,14 @@ def _first_line(content: str, limit: int = 60) -> str:
     return "(empty memo)"
 
 
-def _retry_after(response: httpx.Response) -> float | None:
+def _retry_after(response: Answer) -> float | None:
     try:
         return float(response.headers.get("Retry-After", ""))
     except ValueError:
         return None
 
 
-def _error_message(response: httpx.Response) -> str:
+def _error_message(response: Answer) -> str:
     """The server's own error text (echo `{message}` or gateway `{code, message}`), short and on one line.
 
     Bodies that say nothing (old servers answer 429 with `null`) give the reason phrase instead.

@@ -70,7 +70,7 @@ def by_id(listing: SourceListing) -> dict[str, NoteRecord]:
 
 def note_id(key: str) -> str:
     """The record id of a memo key returned by `add_memo` (old: numeric id; newer: uid)."""
-    return f"memos:{key}"
+    return f"memos:cflow/{key}"
 
 
 def list_requests(double: MemosDouble) -> list[dict[str, Any]]:
@@ -453,7 +453,7 @@ def test_fetch_memos_trusts_the_token_of_a_given_client(serve: Serve) -> None:
     """A client that carries the token is enough: the identity is checked and no 'no token' warning appears."""
     notes = seed_notebook(serve("head"))
     with make_client(notes.double) as client:
-        listing = fetch_memos(notes.double.url, None, client=client)
+        listing = fetch_memos(notes.double.url, None, source="cflow", client=client)
     assert (sorted(r.id for r in listing.records), listing.warnings) == (notes.visible(), [])
     assert AUTH_PATHS["head"] in [r["path"] for r in notes.double.requests]
 

@@ -24,8 +24,8 @@ class Memos:
     archived: str
     comment: str
 
-    def ids(self, *keys: str) -> list[str]:
-        return sorted(f"memos:{key}" for key in keys)
+    def ids(self, *keys: str, source: str = "memos") -> list[str]:
+        return sorted(f"memos:{source}/{key}" for key in keys)
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ def test_load_data_returns_one_document_per_record(memos: Memos) -> None:
     records = fetch_memos(memos.double.url, TOKEN).records
     assert sorted(d.id_ for d in documents) == memos.ids(memos.private, memos.public, memos.comment)
     assert {d.id_: (d.text, d.metadata) for d in documents} == {r.id: (r.text, r.metadata) for r in records}
-    private = next(d for d in documents if d.id_ == f"memos:{memos.private}")
+    private = next(d for d in documents if d.id_ == f"memos:memos/{memos.private}")
     assert (private.metadata["title"], private.metadata["url"]) == (
         "读书笔记",
         f"{memos.double.url}/memos/{memos.private}",
@@ -88,7 +88,7 @@ def test_options_reach_the_listing(memos: Memos) -> None:
     """include_archived, include_comments and source change what is read and how it is labelled."""
     reader = MemosReader(memos.double.url, token=TOKEN, include_archived=True, include_comments=False, source="cflow")
     documents = reader.load_data()
-    assert sorted(d.id_ for d in documents) == memos.ids(memos.private, memos.public, memos.archived)
+    assert sorted(d.id_ for d in documents) == memos.ids(memos.private, memos.public, memos.archived, source="cflow")
     assert {d.metadata["source"] for d in documents} == {"cflow"}
 
 
