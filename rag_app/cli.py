@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -51,8 +52,21 @@ def _open(ctx: click.Context) -> Brain:
     return brain
 
 
+_ESCAPE_SEQUENCE = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|[@-_])|\x9b[0-?]*[ -/]*[@-~]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _plain(value: object, keep_lines: bool = False) -> str:
+    """Note data made safe for a terminal: escape sequences (colours, OSC titles and links) dropped, other control
+    and bidi characters shown as spaces, so a title or file name can neither drive the terminal nor split a line."""
+    text = _ESCAPE_SEQUENCE.sub("", str(value))
+    if keep_lines:
+        return "\n".join(_CONTROL.sub(" ", line) for line in text.replace("\r\n", "\n").split("\n"))
+    return _CONTROL.sub(" ", text)
+
+
 def _fail(message: str, code: int) -> NoReturn:
-    click.echo(f"brain: {message}", err=True)
+    click.echo(f"brain: {_plain(message)}", err=True)
     sys.exit(code)
 
 
@@ -108,19 +122,20 @@ def sync(ctx: click.Context, vaults: tuple[str, ...], memos: tuple[str, ...], na
                    f"in {report.seconds:.1f} s")
     if report.failed:
         for failed in (s for s in report.sources if s.failed):
-            click.echo(f"brain: source {failed.name} failed, nothing of it changed: {failed.error}", err=True)
+            click.echo(f"brain: source {_plain(failed.name)} failed, nothing of it changed: {_plain(failed.error)}",
+                       err=True)
         sys.exit(EXIT_FAILED)
 
 
 def _source_line(result: SourceReport, verbose: bool) -> str:
-    head = f"{result.name} ({result.kind}): "
+    head = f"{_plain(result.name)} ({result.kind}): "
     if result.failed:
-        return head + f"FAILED — {result.error}; the index keeps what it had"
+        return head + f"FAILED — {_plain(result.error)}; the index keeps what it had"
     line = (head + f"{result.added} added, {result.updated} updated, {result.deleted} deleted, "
             f"{result.unchanged} unchanged, {result.skipped} skipped")
     if result.warnings:
         shown = result.warnings if verbose else result.warnings[:3]
-        line += f"\n  {len(result.warnings)} warning(s):" + "".join(f"\n  - {w}" for w in shown)
+        line += f"\n  {len(result.warnings)} warning(s):" + "".join(f"\n  - {_plain(w)}" for w in shown)
         if len(shown) < len(result.warnings):
             line += "\n  (use -v for all; also in brain.log)"
     return line
@@ -140,8 +155,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
     click.echo(f"{data['notes']} notes, {data['chunks']} chunks")
     for src in data["sources"]:
         result = src["last_result"] or {}
-        state = "FAILED: " + str(result.get("error")) if result.get("failed") else "ok"
-        click.echo(f"  {src['name']} ({src['kind']}): {src['notes']} notes, {src['chunks']} chunks, "
+        state = "FAILED: " + _plain(result.get("error")) if result.get("failed") else "ok"
+        click.echo(f"  {_plain(src['name'])} ({src['kind']}): {src['notes']} notes, {src['chunks']} chunks, "
                    f"last sync {src['last_sync'] or 'never'}, last result {state}")
 
 
@@ -210,8 +225,9 @@ def _print_results(response: Any) -> None:
         return
     for n, result in enumerate(response.results, 1):
         where = result.get("path") or result.get("url") or ""
-        click.echo(f"{n:>2}. {result['title']}  [{result['source']}] {where}  score {result['score']:.4f}")
-        click.echo(f"    {result['excerpt'][:200]}")
+        click.echo(f"{n:>2}. {_plain(result['title'])}  [{_plain(result['source'])}] {_plain(where)}  "
+                   f"score {result['score']:.4f}")
+        click.echo(f"    {_plain(result['excerpt'][:200])}")
 
 
 @main.command("ask")
@@ -230,7 +246,7 @@ def ask_command(ctx: click.Context, question: str, k: int, as_json: bool, source
     stream = not as_json and sys.stdout.isatty()
 
     def on_token(piece: str) -> None:
-        click.echo(piece, nl=False)
+        click.echo(_plain(piece, keep_lines=True), nl=False)
 
     with _reported():
         response = brain.ask(question, k, sources=sources, tags=tags, since=since, until=until,
@@ -239,14 +255,14 @@ def ask_command(ctx: click.Context, question: str, k: int, as_json: bool, source
         _print_json(response.to_dict())
         return
     if not stream:
-        click.echo(response.answer)
+        click.echo(_plain(response.answer, keep_lines=True))
     click.echo("")
     click.echo("Sources:")
     for citation in response.citations:
-        click.echo(f"  [{citation['n']}] {citation['title']} — {citation.get('url') or citation.get('path')} "
-                   f"({citation['strength']})")
+        click.echo(f"  [{citation['n']}] {_plain(citation['title'])} — "
+                   f"{_plain(citation.get('url') or citation.get('path'))} ({citation['strength']})")
     if response.coverage.get("llm_error"):
-        click.echo(f"(LLM unavailable: {response.coverage['llm_error']}; showing passages instead)", err=True)
+        click.echo(f"(LLM unavailable: {_plain(response.coverage['llm_error'])}; showing passages instead)", err=True)
 
 
 @main.group()
@@ -263,7 +279,7 @@ def source_list(ctx: click.Context, as_json: bool) -> None:
         _print_json(specs)
         return
     for spec in specs:
-        click.echo(f"{spec['name']}\t{spec['kind']}\t{spec.get('path') or spec.get('url')}")
+        click.echo(f"{_plain(spec['name'])}\t{spec['kind']}\t{_plain(spec.get('path') or spec.get('url'))}")
 
 
 @source.command("remove")
@@ -277,7 +293,7 @@ def source_remove(ctx: click.Context, name: str, as_json: bool) -> None:
     if as_json:
         _print_json(result)
     else:
-        click.echo(f"removed {result['removed']}: {result['notes']} notes")
+        click.echo(f"removed {_plain(result['removed'])}: {result['notes']} notes")
         if result["still_in_config"]:
             click.echo("note: it is still listed in config.toml and will come back on the next sync", err=True)
 
@@ -350,7 +366,7 @@ def _print_doctor(result: dict[str, Any]) -> None:
         click.echo(f"compacted {len(done['collections'])} collection(s) {sizes}".rstrip())
     for kind, found in result["problems"].items():
         if found["count"]:
-            click.echo(f"{kind}: {found['count']} (e.g. {', '.join(found['examples'][:3])})")
+            click.echo(f"{kind}: {found['count']} (e.g. {_plain(', '.join(found['examples'][:3]))})")
     click.echo("ok: the stores agree" if result["ok"] else "the stores disagree: run `brain doctor --repair`")
 
 

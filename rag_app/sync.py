@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -119,12 +119,13 @@ class SyncLock:
             self._fd = None
 
 
-def read_source(spec: SourceSpec, token: str | None = None) -> SourceListing:
-    """A complete listing of one source, or an exception: never a partial listing. `token`: see `memos_token`."""
+def read_source(spec: SourceSpec, token: str | None = None, known: Mapping[str, str] | None = None) -> SourceListing:
+    """A complete listing of one source, or an exception: never a partial listing. `token`: see `memos_token`;
+    `known`: vault files that need no parsing if their bytes still match (see `_known_files`)."""
     if spec.kind == "vault":
         from readers.vault_scanner import VaultScanner
 
-        return VaultScanner(spec.path, name=spec.name).scan()
+        return VaultScanner(spec.path, name=spec.name).scan(known)
     from readers.memos_client import MemosClient, fetch_memos
 
     knobs = {"timeout": spec.timeout, "max_retries": spec.max_retries, "page_size": spec.page_size}
@@ -521,10 +522,10 @@ def _sync_one(spec: SourceSpec, manifest: Manifest, applier: _Applier) -> Source
     manifest.put_source(spec.name, spec.kind, spec.to_dict())
     try:
         token, token_warning = memos_token(spec, manifest) if spec.kind == "memos" else (None, None)
-        listing = read_source(spec, token)
+        listing = read_source(spec, token, known=_known_files(spec, manifest, applier))
     except Exception as exc:  # any failure of the source: keep everything it had
         result.failed = True
-        result.error = _one_line(exc)
+        result.error = _one_line(exc, spec.token_env)
         log.warning("source %s failed, nothing changed: %s", spec.name, result.error)
         manifest.record_result(spec.name, asdict(result), succeeded=False)
         return result
@@ -534,7 +535,8 @@ def _sync_one(spec: SourceSpec, manifest: Manifest, applier: _Applier) -> Source
     result.skipped = listing.skipped
     for warning in listing.warnings:
         log.warning("%s: %s", spec.name, warning)
-    plan = make_plan(manifest.entries(spec.name), listing.records, listing.kept_ids, applier.model, applier.chunker_id)
+    plan = make_plan(manifest.entries(spec.name), listing.records, listing.kept_ids, applier.model, applier.chunker_id,
+                     unchanged_ids=listing.unchanged_ids)
     _backfill_docs(manifest, spec.name, listing.records, plan)
     result.added, result.updated = len(plan.added), len(plan.changed)
     result.deleted, result.unchanged = len(plan.deleted), plan.unchanged + len(plan.second_only)
@@ -542,13 +544,30 @@ def _sync_one(spec: SourceSpec, manifest: Manifest, applier: _Applier) -> Source
         applier.apply(spec.name, plan)
     except Exception as exc:  # a store/model failure part-way: finished batches are committed, the rest retried
         result.failed = True
-        result.error = _one_line(exc)
-        log.exception("source %s: applying changes failed", spec.name)
+        result.error = _one_line(exc, spec.token_env)
+        log.error("source %s: applying changes failed: %s", spec.name, result.error)
         manifest.record_result(spec.name, asdict(result), succeeded=False)
         return result
+    _remember_files(spec, manifest, listing)
     manifest.record_result(spec.name, asdict(result), succeeded=True)
     log.info("synced %s: +%d ~%d -%d =%d", spec.name, result.added, result.updated, result.deleted, result.unchanged)
     return result
+
+
+def _known_files(spec: SourceSpec, manifest: Manifest, applier: _Applier) -> dict[str, str]:
+    """Vault files whose bytes, if they still match, need no parsing (see `Manifest.trusted_signatures`)."""
+    if spec.kind != "vault":
+        return {}
+    return manifest.trusted_signatures(spec.name, applier.model, applier.chunker_id)
+
+
+def _remember_files(spec: SourceSpec, manifest: Manifest, listing: SourceListing) -> None:
+    """Store the signatures of the files parsed this time with their records' hashes, for the next sync to compare."""
+    if spec.kind != "vault":
+        return
+    parsed = {r.id: (listing.signatures[r.id], r.content_hash) for r in listing.records if r.id in listing.signatures}
+    with manifest.transaction():
+        manifest.put_signatures(spec.name, parsed, listing.unchanged_ids | listing.kept_ids)
 
 
 def _backfill_docs(manifest: Manifest, source: str, records: list[NoteRecord], plan: Plan) -> None:
@@ -561,6 +580,18 @@ def _backfill_docs(manifest: Manifest, source: str, records: list[NoteRecord], p
                     manifest.put_doc(record, source)
 
 
-def _one_line(exc: BaseException) -> str:
+def _one_line(exc: BaseException, token_env: str = "") -> str:
+    """An error as one short line for the report, the manifest and the log: never a token or a bearer header, even
+    when a server echoed one back (every secret the environment holds for a source or a model is removed)."""
+    from readers.memos_client import redact_secrets
+
     text = " ".join(str(exc).split()) or type(exc).__name__
-    return text[:500]
+    return redact_secrets(text, _secrets_in_environment(token_env))[:500]
+
+
+SECRET_ENV_VARS = ("CFLOW_API_TOKEN", "MEMOS_TOKEN", "EMBEDDING_API_KEY", "OPENAI_API_KEY", "LLM_API_KEY")
+
+
+def _secrets_in_environment(token_env: str = "") -> list[str]:
+    names = {*SECRET_ENV_VARS, token_env} | {n for n in os.environ if n.endswith(("_TOKEN", "_API_KEY", "_SECRET"))}
+    return [os.environ[n] for n in names if len(os.environ.get(n, "").strip()) >= 8]

@@ -80,3 +80,19 @@ def test_source_remove_command(home, make_vault):
     done = brain(home, "source", "remove", "notes", "--json")
     assert json.loads(done.stdout) == {"removed": "notes", "notes": 1, "still_in_config": False}
     assert json.loads(brain(home, "status", "--json").stdout)["notes"] == 0
+
+
+def test_terminal_output_never_carries_escape_sequences_or_split_lines(home, make_vault):
+    vault = make_vault({
+        "evil.md": "---\ntitle: \"\\e]0;pwned\\a\\e[31mred title\\e[0m\"\n---\nwombat facts\n",
+        "two\nlines.md": "# wombat diary\n\nwombat again\n",
+    })
+    assert brain(home, "sync", "--vault", str(vault)).returncode == 0
+    found = brain(home, "search", "wombat", "--mode", "bm25")
+    assert found.returncode == 0, found.stderr
+    assert "\x1b" not in found.stdout and "\x07" not in found.stdout
+    result_lines = [line for line in found.stdout.splitlines() if line[:3].strip().rstrip(".").isdigit()]
+    assert len(result_lines) == 2 and any("red title" in line for line in result_lines)
+    assert any("two lines.md" in line for line in result_lines)
+    as_json = json.loads(brain(home, "search", "wombat", "--json").stdout)
+    assert any("\x1b" in r["title"] for r in as_json["results"])  # JSON keeps the data exactly, escaped
