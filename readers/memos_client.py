@@ -11,7 +11,7 @@ import re
 import time
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -36,12 +36,10 @@ DEFAULT_LISTING_DEADLINE = 1800.0  # seconds for one whole listing, retries incl
 _VALUE_BYTES = 32  # a body may hold one JSON value per this many bytes of max_response_bytes (parsing inflates ~20x)
 _ENCODINGS = {"", "identity", "gzip", "x-gzip", "deflate"}  # no brotli: one chunk can inflate without bound
 _REDACTED = "[redacted]"
-_CREDENTIAL = r"[^\s\"'<>,;)\]}]+"
+_CREDENTIAL = r"[^\s\"'<>,;()\[\]{}]+"  # never starts at an earlier "[redacted]": redacting twice changes nothing
+_SCHEME = r"(?:bearer|basic|token|digest)(?:\s+|%20|\+)"
 _SECRET_PATTERNS = (
-    re.compile(
-        r"(?i)(\b(?:proxy-)?authorization\b[\"']?\s*[:=]\s*[\[\"']?\s*)"
-        rf"(?:(?:bearer|basic|token|digest)(?:\s+|%20|\+))?{_CREDENTIAL}"
-    ),
+    re.compile(rf"(?i)(\b(?:proxy-)?authorization\b[\"']?\s*[:=][\s\[\"']*(?:{_SCHEME})?)(?!{_SCHEME}){_CREDENTIAL}"),
     re.compile(rf"(?i)(\bbearer(?:\s+|%20|\+)){_CREDENTIAL}"),
 )
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
@@ -126,6 +124,10 @@ class _Guard:
             self.tripped = "deadline"
             raise error("request deadline passed")
         return left if timeout is None else min(timeout, left)
+
+    def expired(self) -> bool:
+        """The last request ran out of time (its socket timeout was cut to what the deadline left)."""
+        return self.tripped == "deadline" or (self.deadline is not None and time.monotonic() >= self.deadline)
 
     def spend(self, count: int) -> None:
         if self.budget is not None:
@@ -246,6 +248,7 @@ class MemosClient:
         self.listing_deadline = listing_deadline
         self.warnings: list[str] = []  # repairs made while reading the current listing
         self._sleep = sleep
+        self._secrets = (self._token,) if self._token else ()
         self._guard = _Guard()
         self.begin_listing()
         headers = {"Accept": "application/json", "Accept-Encoding": "gzip, deflate", "User-Agent": "cflow-brain"}
@@ -275,7 +278,10 @@ class MemosClient:
 
     def _error(self, message: str, kind: type[MemosError] = MemosError) -> MemosError:
         """An error whose text cannot carry the token, whatever the server echoed into it."""
-        return kind(message, secrets=(self._token or "",))
+        return kind(message, secrets=self._secrets)
+
+    def _says(self, response: Answer) -> str:
+        return _error_message(response, self._secrets)
 
     def _auth_hint(self) -> str:
         if self._token:
@@ -307,7 +313,7 @@ class MemosClient:
                 if time.monotonic() >= self._listing_ends:
                     raise self._listing_timeout(where) from None
                 if last:
-                    if self._guard.tripped == "deadline":
+                    if self._guard.expired():
                         failure = f"no complete answer within {self.request_deadline:g} s (request_deadline)"
                     elif isinstance(exc, httpx.TimeoutException):
                         failure = "timed out"
@@ -352,7 +358,7 @@ class MemosClient:
         except ValueError:  # a Content-Length that is not a number
             raise self._error(f"{where}: malformed Content-Length header") from None
         finally:
-            guard.deadline = guard.budget = None
+            guard.budget = None
 
     def _too_large(self, where: str) -> MemosError:
         return self._error(
@@ -378,9 +384,9 @@ class MemosClient:
     def get_json(self, path: str, params: dict[str, Any] | None = None, what: str = "") -> Any:
         response = self.request("GET", path, params, what)
         if response.status_code == 401:
-            raise self._error(f"GET {path}{what}: 401 {_error_message(response)}: {self._auth_hint()}", MemosAuthError)
+            raise self._error(f"GET {path}{what}: 401 {self._says(response)}: {self._auth_hint()}", MemosAuthError)
         if response.status_code >= 400:
-            raise self._error(f"GET {path}{what}: HTTP {response.status_code} {_error_message(response)}")
+            raise self._error(f"GET {path}{what}: HTTP {response.status_code} {self._says(response)}")
         return self._parse(response.content, f"GET {path}{what}")
 
     def _parse(self, body: bytes, where: str) -> Any:
@@ -416,9 +422,9 @@ class MemosClient:
             if response.status_code in (404, 405, 501):
                 continue
             if response.status_code == 401:
-                raise self._error(f"GET {path}: 401 {_error_message(response)}: {self._auth_hint()}", MemosAuthError)
+                raise self._error(f"GET {path}: 401 {self._says(response)}: {self._auth_hint()}", MemosAuthError)
             if response.status_code >= 400:
-                raise self._error(f"GET {path}: HTTP {response.status_code} {_error_message(response)}")
+                raise self._error(f"GET {path}: HTTP {response.status_code} {self._says(response)}")
             try:
                 body = self._parse(response.content, f"GET {path}")
             except MemosError:
@@ -455,7 +461,7 @@ class MemosClient:
                     MemosAuthError,
                 )
             if response.status_code >= 500:  # retries are spent: guessing "anonymous" could hide PRIVATE memos
-                raise self._error(f"{method} {path}: HTTP {response.status_code} {_error_message(response)}")
+                raise self._error(f"{method} {path}: HTTP {response.status_code} {self._says(response)}")
             if response.status_code >= 400:
                 return None
             try:
@@ -608,6 +614,7 @@ def fetch_memos(
     """List every memo completely or raise: a partial listing must never look like deletions."""
     own_client = client is None
     client = client or MemosClient(base_url, token)
+    client.begin_listing()
     try:
         api = client.detect()
         user = client.current_user(api) if client.has_token else None
@@ -623,23 +630,42 @@ def fetch_memos(
         if api.generation != "old" and include_comments:
             raw += _fetch_comments(client, raw)
         uids = {str(m["name"]): str(m["uid"]) for m in raw if m.get("name") and m.get("uid")}
-        listing = SourceListing(records=[])
+        listing = SourceListing(records=[], warnings=list(client.warnings))
         for memo in raw:
-            record = memo_to_record(memo, api, client.base_url, source, uids)
+            size = _content_bytes(memo, client.max_memo_bytes)
+            oversized = size > client.max_memo_bytes
+            record = memo_to_record({**memo, "content": ""} if oversized else memo, api, client.base_url, source, uids)
             if record is None:
                 listing.skipped += 1
                 listing.warnings.append(f"memo without id or name skipped: {str(memo)[:80]}")
                 continue
             if api.generation == "old" and not include_comments and record.metadata.get("parent"):
                 continue
+            if oversized:  # like a vault file over its limit, but the server still has it: keep the indexed copy
+                listing.skipped += 1
+                listing.kept_ids.add(record.id)
+                listing.warnings.append(
+                    f"{record.metadata.get('url') or record.id}: {size} bytes is over the {client.max_memo_bytes}-byte "
+                    "limit (max_memo_bytes); skipped, its indexed copy is kept"
+                )
+                continue
             listing.records.append(record)
         if not client.has_token:
             listing.warnings.append(f"no token set ({TOKEN_ENV_VARS[0]}): only PUBLIC memos are visible")
         _check_downgrade(client.has_token, user, listing)
+        listing.warnings = [redact_secrets(warning, client._secrets) for warning in listing.warnings]
         return listing
     finally:
         if own_client:
             client.close()
+
+
+def _content_bytes(memo: dict[str, Any], limit: int) -> int:
+    """The memo's content in UTF-8 bytes (exact only near or above `limit`, where it matters)."""
+    content = memo.get("content")
+    if not isinstance(content, str) or len(content) * 4 <= limit:
+        return len(content) if isinstance(content, str) else 0
+    return len(content.encode("utf-8", errors="replace"))
 
 
 def _fetch_comments(client: MemosClient, memos: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -791,16 +817,18 @@ def _retry_after(response: Answer) -> float | None:
         return None
 
 
-def _error_message(response: Answer) -> str:
+def _error_message(response: Answer, secrets: Iterable[str] = ()) -> str:
     """The server's own error text (echo `{message}` or gateway `{code, message}`), short and on one line.
 
-    Bodies that say nothing (old servers answer 429 with `null`) give the reason phrase instead.
+    Bodies that say nothing (old servers answer 429 with `null`) give the reason phrase instead. Secrets are taken
+    out before the text is cut, so that no prefix of one survives; only a short body is parsed as JSON.
     """
-    text = " ".join(response.text.split())
+    head = response.content[: 64 * 1024].decode("utf-8", errors="replace")
+    text = redact_secrets(" ".join(head.split()), secrets)
     try:
-        body = json.loads(response.text)
-    except ValueError:
+        body = json.loads(head) if len(response.content) <= 64 * 1024 else text
+    except (ValueError, RecursionError):
         body = text
     if isinstance(body, dict) and body.get("message"):
-        return " ".join(str(body["message"]).split())[:200]
+        return redact_secrets(" ".join(str(body["message"]).split()), secrets)[:200]
     return text[:200] if body else response.reason_phrase

@@ -92,6 +92,19 @@ class _Memo:
 
 
 @dataclass
+class Stream:
+    """A hostile answer: ``head`` and ``prefix``, then ``chunk`` ``count`` times (None: until the client hangs up),
+    ``interval`` seconds apart. With ``drip_headers`` the chunks go out inside an unfinished header block."""
+
+    chunk: bytes = b" " * 65536
+    count: int | None = None
+    interval: float = 0.0
+    prefix: bytes = b'{"memos":['
+    headers: tuple[tuple[str, str], ...] = (("Content-Type", JSON_TYPE),)
+    drip_headers: bool = False
+
+
+@dataclass
 class _Reply:
     status: int
     body: bytes
@@ -101,7 +114,11 @@ class _Reply:
 
 
 def _dump(obj: object) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+    """UTF-8 JSON; text that UTF-8 cannot carry (a lone surrogate a hostile server sends) goes out escaped."""
+    try:
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+    except UnicodeEncodeError:
+        return json.dumps(obj, separators=(",", ":")).encode()
 
 
 def _rfc3339(ts: int) -> str:
@@ -220,6 +237,11 @@ class MemosDouble:
     ``repeat_token`` (always hand out the second page's token), ``non_json_error`` (error bodies as text/plain),
     ``call_after_pages`` ({pages served: callable}, each called once before the next list request: a user writing
     or archiving a memo mid-walk), ``status_on_path`` ({path: status} for any other endpoint, e.g. who-am-I).
+
+    Hostile servers, on the memo list: ``echo_auth`` (answer this status with the request's Authorization header and
+    bare token in the message), ``body_filter`` (a callable rewriting each list body's bytes), ``endless_pages``
+    (this many fresh memos per page and a new page token, forever; current API only), ``stream`` (a `Stream`
+    sent instead of the answer: huge, never-ending or dripping bodies or headers).
     """
 
     def __init__(
@@ -496,8 +518,8 @@ class MemosDouble:
         token = bearer[1] if len(bearer) == 2 and bearer[0].lower() == "bearer" else ""
         if parts.path in self.faults.get("status_on_path", {}):
             reply = self._fault_reply(self.faults["status_on_path"][parts.path])
-        elif parts.path == ("/api/v1/memo" if self.mode == "old" else "/api/v1/memos"):
-            reply = self._list_with_faults(parts.path, query, token)
+        elif parts.path == self._list_path():
+            reply = self._list_with_faults(parts.path, query, token, auth or "")
         else:
             with self._lock:
                 reply = self._route(parts.path, query, token)
@@ -505,7 +527,38 @@ class MemosDouble:
             self.requests.append(
                 {"method": handler.command, "path": parts.path, "query": query, "auth": auth, "status": reply.status}
             )
-        self._send(handler, reply)
+        stream = self.faults.get("stream") if parts.path == self._list_path() else None
+        if stream is not None:
+            self._send_stream(handler, stream)
+        else:
+            self._send(handler, reply)
+
+    def _list_path(self) -> str:
+        return "/api/v1/memo" if self.mode == "old" else "/api/v1/memos"
+
+    @staticmethod
+    def _send_stream(handler: _Handler, stream: Stream) -> None:
+        handler.close_connection = True
+        write = handler.wfile.write
+        try:
+            if stream.drip_headers:
+                write(b"HTTP/1.1 200 OK\r\nX-Drip: ")
+            else:
+                handler.send_response(200)
+                for name, value in stream.headers:
+                    handler.send_header(name, value)
+                handler.send_header("Connection", "close")
+                handler.end_headers()
+                write(stream.prefix)
+            sent = 0
+            while stream.count is None or sent < stream.count:
+                write(stream.chunk)
+                handler.wfile.flush()
+                sent += 1
+                if stream.interval:
+                    time.sleep(stream.interval)
+        except OSError:  # the client gave up: that is the point
+            pass
 
     @staticmethod
     def _send(handler: _Handler, reply: _Reply) -> None:
@@ -545,10 +598,14 @@ class MemosDouble:
             return self._error(401, OLD_BAD_TOKEN)
         return _Reply(401, GATEWAY_401, TEXT_TYPE)
 
-    def _list_with_faults(self, path: str, query: dict[str, str], token: str) -> _Reply:
+    def _list_with_faults(self, path: str, query: dict[str, str], token: str, auth: str) -> _Reply:
         faults = self.faults
         if faults.get("delay"):
             time.sleep(faults["delay"])
+        if "echo_auth" in faults:
+            return self._error(faults["echo_auth"], f"malformed request header Authorization: {auth} (token {token})")
+        if faults.get("endless_pages"):
+            return self._endless_page(faults["endless_pages"])
         with self._lock:
             if self._pages_served in faults.get("call_after_pages", {}):
                 faults["call_after_pages"].pop(self._pages_served)()
@@ -568,9 +625,24 @@ class MemosDouble:
                 return self._fault_reply(status)
             if faults.get("truncate_page") == reply.page:
                 reply.body = reply.body[: len(reply.body) // 2]
+            if faults.get("body_filter"):
+                reply.body = faults["body_filter"](reply.body)
             reply.reset = faults.get("reset_page") == reply.page
             self._pages_served += 1
             return reply
+
+    def _endless_page(self, count: int) -> _Reply:
+        """``count`` memos never seen before and a token to more of them: a server that pages forever."""
+        with self._lock:
+            self._pages_served += 1
+            page = self._pages_served
+        memos = [
+            {"name": f"memos/endless-{page}-{i}", "state": "NORMAL", "creator": f"users/{OWNER}",
+             "createTime": _rfc3339(self._now), "updateTime": _rfc3339(self._now), "visibility": "PRIVATE",
+             "content": f"endless page {page} memo {i} #endless", "tags": ["endless"], "pinned": False}
+            for i in range(count)
+        ]
+        return self._json({"memos": memos, "nextPageToken": encode_page_token(count, page * count)})
 
     def _route(self, path: str, query: dict[str, str], token: str) -> _Reply:
         authed = self.token is not None and token == self.token

@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+import json
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
+import httpx
 import pytest
 
-from readers.memos_client import MemosAuthError, MemosClient, MemosError, fetch_memos
+from readers.memos_client import (
+    Answer,
+    MemosAuthError,
+    MemosClient,
+    MemosError,
+    MiB,
+    fetch_memos,
+    redact_secrets,
+)
 from readers.records import NoteRecord, SourceListing, decode_list
-from tests.doubles.memos_server import AUTH_PATHS, OMIT, MemosDouble, encode_page_token
+from tests.doubles.memos_server import AUTH_PATHS, OMIT, MemosDouble, Stream, encode_page_token
 
 TOKEN = "memos_pat_test"  # the token the double accepts by default
 NEW_MODES = ("v0.22", "v0.25", "head")
@@ -707,3 +719,184 @@ def test_null_message_fields_are_tolerated(serve: Serve) -> None:
     double.raw_overrides[key] = dict.fromkeys(("property", "relations", "attachments", "tags", "location"))
     metadata = by_id(fetch(double))[note_id(key)].metadata
     assert (metadata["title"], decode_list(metadata["tags"]), metadata["links"]) == ("Title", ["fallback"], "[]")
+
+
+# ---- hostile servers: every limit holds, with one line naming it -----------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (f"bad token {SECRET}", "bad token [redacted]"),
+        ('{"Authorization": ["Bearer abc.def-ghi"]}', '{"Authorization": ["Bearer [redacted]"]}'),
+        ("header authorization: Basic dXNlcjpwYXNz, retry", "header authorization: Basic [redacted], retry"),
+        ("got bearer%20xyz123 in the query", "got bearer%20[redacted] in the query"),
+        (f"json {SECRET.replace('-', '-')!r} and url {SECRET}%2F", "json '[redacted]' and url [redacted]%2F"),
+        ("nothing secret: page 2 of 3", "nothing secret: page 2 of 3"),
+    ],
+)
+def test_redact_secrets_removes_the_token_and_anything_bearer_looking(text: str, expected: str) -> None:
+    """The given secrets go in every form a server could echo; Bearer and Authorization values go even unknown."""
+    assert redact_secrets(text, [SECRET, ""]) == expected
+
+
+def test_redact_secrets_finds_escaped_forms_of_a_secret() -> None:
+    token = 'pat/with"quote'
+    for echoed in (token, json.dumps(token)[1:-1], json.dumps(token)[1:-1].replace("/", "\\/"), quote(token)):
+        assert redact_secrets(f"x {echoed} y", [token]) == "x [redacted] y"
+
+
+@pytest.mark.parametrize("mode", ["old", "head"])
+def test_an_error_body_echoing_the_token_is_redacted(serve: Serve, mode: str) -> None:
+    """A 400 quoting the Authorization header (and the bare token) becomes an error without either."""
+    double = serve(mode, token=SECRET)
+    double.add_memo("x")
+    double.faults["echo_auth"] = 400
+    message = _fetch_error(double, token=SECRET)
+    assert "HTTP 400 malformed request header Authorization: Bearer [redacted] (token [redacted])" in message
+    assert SECRET not in message and "s3cr3t" not in message
+
+
+def test_an_echo_cut_at_200_characters_leaves_no_prefix_of_the_token(serve: Serve) -> None:
+    double = serve("head", token=SECRET)
+    double.add_memo("x")
+    double.faults["body_filter"] = None
+    double.faults["status_on_page"] = {0: 400}
+    double.faults["sticky"] = True
+    double.faults["non_json_error"] = True
+    with make_client(double, SECRET) as client:
+        answer = Answer(400, httpx.Headers(), ("x" * 190 + SECRET).encode(), "Bad Request")
+        assert "s3cr3t" not in client._says(answer)
+
+
+def _hostile(serve: Serve, **faults: Any) -> MemosDouble:
+    double = serve("head")
+    double.add_memo("a memo the server also has")
+    double.faults.update(faults)
+    return double
+
+
+def _timed_error(double: MemosDouble, **options: Any) -> tuple[str, float]:
+    started = time.monotonic()
+    with pytest.raises(MemosError) as caught:
+        fetch(double, **options)
+    message = str(caught.value)
+    assert type(caught.value) is MemosError and "\n" not in message
+    return message, time.monotonic() - started
+
+
+def test_endless_page_tokens_stop_at_max_memos(serve: Serve) -> None:
+    """1,000 new memos and a new token on every page: the listing stops once it passes max_memos."""
+    double = _hostile(serve, endless_pages=1000)
+    message, _ = _timed_error(double, max_memos=5_000)
+    assert "the listing passed 5000 memos (max_memos); if the server really holds that many, raise max_memos" in message
+    assert len(list_requests(double)) == 6
+
+
+def test_endless_page_tokens_stop_at_the_listing_deadline(serve: Serve) -> None:
+    """Small pages forever stay under max_memos for a long time; the listing's own clock stops them."""
+    double = _hostile(serve, endless_pages=2, delay=0.05)
+    message, seconds = _timed_error(double, listing_deadline=1.0)
+    assert "the listing took longer than 1 s (listing_deadline)" in message
+    assert 1.0 <= seconds < 3.0
+
+
+@pytest.mark.parametrize("count", [None, 40], ids=["never-ending", "5-mib"])
+def test_a_body_over_max_response_bytes_is_cut(serve: Serve, count: int | None) -> None:
+    """Streaming stops past the limit, whether the body ends later or never; nothing retries it."""
+    double = _hostile(serve, stream=Stream(chunk=b" " * 131072, count=count))
+    message, seconds = _timed_error(double, max_response_bytes=MiB)
+    assert f"the answer is larger than {MiB} bytes (max_response_bytes)" in message
+    assert len(list_requests(double)) == 1 and seconds < 5
+
+
+def test_a_declared_length_over_the_limit_is_refused_before_reading(serve: Serve) -> None:
+    headers = (("Content-Type", "application/json"), ("Content-Length", str(10 * MiB)))
+    double = _hostile(serve, stream=Stream(headers=headers, count=1))
+    assert "(max_response_bytes)" in _timed_error(double, max_response_bytes=MiB)[0]
+
+
+def test_the_listing_byte_budget_spans_pages(serve: Serve) -> None:
+    double = _hostile(serve, endless_pages=1000)
+    message, _ = _timed_error(double, max_listing_bytes=2 * MiB)
+    assert f"the listing passed {2 * MiB} bytes (max_listing_bytes)" in message
+
+
+def test_a_brotli_body_is_refused(serve: Serve) -> None:
+    """Brotli can inflate one network chunk without bound, and it was never asked for."""
+    double = _hostile(serve, stream=Stream(headers=(("Content-Encoding", "br"),), count=1))
+    assert "unsupported content encoding 'br'" in _timed_error(double)[0]
+    assert double.requests[-1]["path"] == "/api/v1/memos"
+
+
+def test_a_body_that_inflates_when_parsed_is_refused(serve: Serve) -> None:
+    """`[{},{},…]` parses to ~20x its size; the value budget stops it before json.loads."""
+    double = _hostile(serve, body_filter=lambda _body: b'{"memos":[' + b"{}," * 100_000 + b'{}]}')
+    assert "JSON values (max_response_bytes / 32)" in _timed_error(double, max_response_bytes=MiB)[0]
+
+
+def test_json_nested_too_deeply_is_malformed(serve: Serve) -> None:
+    double = _hostile(serve, body_filter=lambda _body: b"[" * 100_000 + b"]" * 100_000)
+    assert "malformed JSON (nested too deeply)" in _timed_error(double)[0]
+
+
+@pytest.mark.parametrize("drip_headers", [False, True], ids=["body", "headers"])
+def test_a_dripping_answer_stops_at_the_request_deadline(serve: Serve, drip_headers: bool) -> None:
+    """One byte every 0.1 s keeps a 5 s read timeout from ever firing; the per-request deadline does not reset."""
+    double = _hostile(serve, stream=Stream(chunk=b" ", interval=0.1, drip_headers=drip_headers))
+    message, seconds = _timed_error(double, timeout=5.0, request_deadline=1.0, max_retries=1)
+    assert "no complete answer within 1 s (request_deadline) after 2 attempts" in message
+    assert 2.0 <= seconds < 4.0
+
+
+def test_the_client_still_uses_the_proxy_the_environment_names(serve: Serve, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guarded transport keeps httpx's behaviour: HTTP_PROXY is honoured (the double answers as the proxy)."""
+    notes = seed_notebook(serve("head"))
+    for name in ("NO_PROXY", "no_proxy", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", notes.double.url)
+    with MemosClient("http://memos.invalid", TOKEN, timeout=2.0, sleep=no_sleep) as client:
+        listing = fetch_memos("http://memos.invalid", None, source="cflow", client=client)
+    assert len(listing.records) == len(notes.visible())
+
+
+@pytest.mark.parametrize("mode", ["old", "head"])
+def test_an_oversized_memo_is_skipped_and_its_indexed_copy_kept(serve: Serve, mode: str) -> None:
+    """Like a vault file over the limit, with a warning naming its URL; the record id goes to kept_ids."""
+    double = serve(mode)
+    small = double.add_memo("short")
+    big = double.add_memo("still small")
+    before = fetch(double)
+    big_id = next(r.id for r in before.records if r.text == "still small")
+    url = by_id(before)[big_id].metadata["url"]
+    double.edit_memo(big, "长" * 2_000)  # 6,000 bytes in UTF-8, 2,000 characters
+    listing = fetch(double, max_memo_bytes=5_000)
+    assert [r.text for r in listing.records] == ["short"] and small
+    assert listing.kept_ids == {big_id} and listing.skipped == 1
+    assert listing.warnings == [f"{url}: 6000 bytes is over the 5000-byte limit (max_memo_bytes); skipped, its "
+                                "indexed copy is kept"]
+
+
+@pytest.mark.parametrize("mode", ["old", "head"])
+def test_a_lone_surrogate_is_replaced_and_the_other_memos_index(serve: Serve, mode: str) -> None:
+    double = serve(mode)
+    double.add_memo("a good memo")
+    bad = double.add_memo("will be bent")
+    double.raw_overrides[bad] = {"content": "before \ud800 after"}
+    listing = fetch(double)
+    assert sorted(r.text for r in listing.records) == ["a good memo", "before \ufffd after"]
+    name = double.memo_json(bad).get("name") or double.memo_json(bad)["id"]
+    assert [w for w in listing.warnings if "U+FFFD" in w] == [
+        f"GET {LIST_PATH[mode]} (page 1): memo {name}: invalid text replaced with U+FFFD"
+    ]
+    for record in listing.records:
+        record.content_hash  # noqa: B018 - encodable as UTF-8, as the manifest and Chroma need
+
+
+def test_invalid_utf8_bytes_are_replaced_too(serve: Serve) -> None:
+    double = serve("head")
+    double.add_memo("a good memo")
+    double.add_memo("bad MARK bytes")
+    double.faults["body_filter"] = lambda body: body.replace(b"MARK", b"\xff\xfe")
+    texts = sorted(r.text for r in fetch(double).records)
+    assert texts == ["a good memo", "bad \ufffd\ufffd bytes"]
