@@ -6,6 +6,7 @@ the system prompt says that nothing inside a source can change the task.
 
 from __future__ import annotations
 
+import html
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +37,10 @@ class AnswerResponse:
     prompt_chars: int = 0
     cited: list[int] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        """Whoever builds the response, its text never cites a source that is not in `citations`."""
+        self.answer = mark_unknown_citations(self.answer, len(self.citations))
+
     def to_dict(self) -> dict[str, Any]:
         return {"answer": self.answer, "citations": self.citations, "coverage": self.coverage, "mode": self.mode}
 
@@ -59,9 +64,25 @@ def citations_from(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+# Anything a model could read as a source tag: "<", "/" and ">" in their ASCII, fullwidth, small-form and escaped
+# spellings, the word in either case or fullwidth letters, with blanks or invisible characters anywhere in between.
+_GAP = r"[\s\u00ad\u180e\u200b-\u200f\u2028-\u202f\u205f-\u2064\u3000\ufeff]*"
+_LT = r"(?:[<\uff1c\ufe64\u2039\u3008\u27e8]|&lt;?|&#0*60;?|&#x0*3c;?)"
+_SLASH = r"(?:[/\uff0f\u2044\u2215\\]|&#0*47;?|&#x0*2f;?)"
+_GT = r"(?:[>\uff1e\ufe65\u203a\u3009\u27e9]|&gt;?|&#0*62;?|&#x0*3e;?)"
+_WORD = _GAP.join(f"[{c}{c.upper()}{chr(ord(c) + 0xFEE0)}{chr(ord(c.upper()) + 0xFEE0)}]" for c in "source")
+_FENCE_TAG = re.compile(
+    f"{_LT}{_GAP}(?:{_SLASH}{_GAP})?{_WORD}(?:(?:(?!{_LT}|{_GT})[^\n]){{0,200}}{_GAP}{_GT})?", re.IGNORECASE)
+
+
 def _fence(text: str) -> str:
-    """Neutralise anything in a note that could close or open a source fence."""
-    return re.sub(r"</?\s*source[^>]*>", "[source-tag removed]", text, flags=re.IGNORECASE)
+    """Neutralise anything in a note that could close or open a source fence, however it is spelled."""
+    return _FENCE_TAG.sub("[source-tag removed]", text)
+
+
+def _attribute(value: object) -> str:
+    """A fence attribute value: one line, no tag look-alikes, quotes and brackets escaped (no injected attributes)."""
+    return html.escape(" ".join(_fence(str(value)).split()), quote=True)
 
 
 def build_context(results: list[dict[str, Any]], full_texts: dict[str, str], budget: int = DEFAULT_BUDGET) -> str:
@@ -74,9 +95,10 @@ def build_context(results: list[dict[str, Any]], full_texts: dict[str, str], bud
         remaining = budget - used
         if remaining <= 200:
             break
-        body = body[: remaining - 150]
-        where = result.get("url") or result.get("path") or ""
-        block = f'<source id="{n}" title="{_fence(str(result["title"]))}" where="{where}">\n{_fence(body)}\n</source>'
+        title, where = _attribute(result["title"])[:300], _attribute(result.get("url") or result.get("path") or "")
+        head = f'<source id="{n}" title="{title}" where="{where[:500]}">\n'
+        body = _fence(body)[: max(0, remaining - 150 - len(head))]
+        block = f"{head}{body}\n</source>"
         parts.append(block)
         used += len(block)
     return "\n\n".join(parts)
@@ -117,5 +139,15 @@ def llm_answer(llm: Any, question: str, context: str, on_token: Callable[[str], 
     return "".join(pieces)
 
 
+_CITATION = re.compile(r"[\[\uff3b\u3010]\s*(\d{1,6})\s*[\]\uff3d\u3011]")
+UNKNOWN_CITATION = "[?]"
+
+
 def cited_numbers(text: str, limit: int) -> list[int]:
-    return sorted({int(n) for n in re.findall(r"\[(\d{1,3})\]", text) if 1 <= int(n) <= limit})
+    """The source numbers an answer cites ([n], and the fullwidth ［n］ and 【n】 Chinese models write)."""
+    return sorted({int(n) for n in _CITATION.findall(text) if 1 <= int(n) <= limit})
+
+
+def mark_unknown_citations(text: str, limit: int) -> str:
+    """A citation with no source behind it ([9] of 6) would send the reader nowhere: it becomes [?]."""
+    return _CITATION.sub(lambda m: m.group(0) if 1 <= int(m.group(1)) <= limit else UNKNOWN_CITATION, text)
