@@ -92,6 +92,18 @@ def first_h1(text: str) -> str:
     return ""
 
 
+# What a frontmatter block may cost once its YAML aliases are expanded (by anything that walks or prints its values):
+# nodes plus scalar characters beyond the block's own. Real notes repeat a few small values; a "billion laughs" block
+# of a few hundred bytes describes gigabytes.
+ALIAS_BUDGET = 50_000
+MAX_NESTING = 64
+
+
+class FrontmatterRefused(ValueError):
+    """Frontmatter that parses but is unsafe to use: aliases that expand too far, a value that contains itself, or
+    nesting too deep to print."""
+
+
 @dataclass
 class Frontmatter:
     data: dict[str, Any] = field(default_factory=dict)
@@ -103,7 +115,8 @@ def split_frontmatter(text: str) -> Frontmatter:
     """Split YAML frontmatter from the body, tolerantly.
 
     Frontmatter that cannot be used (unclosed, invalid YAML, not a mapping) gives a warning and no data, and the whole
-    text is kept as the body: a note that merely starts with a `---` rule loses nothing.
+    text is kept as the body: a note that merely starts with a `---` rule loses nothing. Frontmatter that is valid but
+    refused (see `check_expansion`) is dropped and the body after it kept: it is YAML, not text worth indexing.
     """
     lines = text.split("\n")
     if lines[0].rstrip() != "---":
@@ -112,10 +125,13 @@ def split_frontmatter(text: str) -> Frontmatter:
     if end is None:
         return Frontmatter(body=text, warning="frontmatter is not closed (no second '---'); indexed as plain text")
     raw = "\n".join(lines[1:end])
+    body = "\n".join(lines[end + 1 :])
     import yaml
 
     try:
         data = yaml.load(raw, Loader=_yaml_loader()) if raw.strip() else {}
+    except FrontmatterRefused as exc:
+        return Frontmatter(body=body, warning=f"frontmatter refused: {exc}; dropped, the body is indexed")
     except (yaml.YAMLError, ValueError) as exc:
         reason = str(exc).split("\n")[0]
         return Frontmatter(body=text, warning=f"frontmatter is not valid YAML ({reason}); indexed as plain text")
@@ -124,15 +140,20 @@ def split_frontmatter(text: str) -> Frontmatter:
     if not isinstance(data, dict):
         kind = type(data).__name__
         return Frontmatter(body=text, warning=f"frontmatter is a {kind}, not a mapping; indexed as plain text")
-    return Frontmatter(data={str(k): v for k, v in data.items()}, body="\n".join(lines[end + 1 :]))
+    return Frontmatter(data={str(k): v for k, v in data.items()}, body=body)
 
 
 @functools.cache
 def _yaml_loader() -> type:
-    """A safe YAML loader that keeps an impossible date (`2024-02-30`) as text instead of failing the whole block."""
+    """A safe YAML loader (libyaml's when available: ~10x faster) that refuses alias bombs before building values,
+    and keeps an impossible date (`2024-02-30`) as text instead of failing the whole block."""
     import yaml
 
-    class Loader(yaml.SafeLoader):
+    class Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+        def construct_document(self, node: Any) -> Any:
+            check_expansion(node)
+            return super().construct_document(node)
+
         def construct_yaml_timestamp(self, node: Any) -> Any:
             try:
                 return super().construct_yaml_timestamp(node)
@@ -141,6 +162,47 @@ def _yaml_loader() -> type:
 
     Loader.add_constructor("tag:yaml.org,2002:timestamp", Loader.construct_yaml_timestamp)
     return Loader
+
+
+def check_expansion(root: Any) -> None:
+    """Raise `FrontmatterRefused` if a composed YAML node graph would expand beyond `ALIAS_BUDGET`, contains itself
+    or nests deeper than `MAX_NESTING`.
+
+    Aliases share nodes, so loading a bomb is cheap and the cost comes later, when values are walked or printed. This
+    visits each distinct node once, without recursion, and sums sizes as if every alias were expanded.
+    """
+    size: dict[int, int] = {}
+    height: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    distinct = 0
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, closing = stack.pop()
+        key = id(node)
+        children = _child_nodes(node)
+        if closing:
+            open_nodes.discard(key)
+            own = 1 + len(node.value) if isinstance(node.value, str) else 1
+            distinct += own
+            size[key] = own + sum(size[id(child)] for child in children)
+            height[key] = 1 + max((height[id(child)] for child in children), default=0)
+            if height[key] > MAX_NESTING:
+                raise FrontmatterRefused(f"values nested deeper than {MAX_NESTING} levels")
+        elif key not in size:
+            if key in open_nodes:  # every node popped while one is open descends from it
+                raise FrontmatterRefused("an alias refers to a value that contains it")
+            open_nodes.add(key)
+            stack.append((node, True))
+            stack.extend((child, False) for child in children)
+    if size[id(root)] - distinct > ALIAS_BUDGET:
+        raise FrontmatterRefused(f"its aliases expand it by more than {ALIAS_BUDGET:,} nodes and characters")
+
+
+def _child_nodes(node: Any) -> list[Any]:
+    """A YAML node's children: a sequence's items, a mapping's keys and values, none for a scalar."""
+    if isinstance(node.value, str):
+        return []
+    return [part for item in node.value for part in (item if isinstance(item, tuple) else (item,))]
 
 
 def _flat_items(value: Any, depth: int = 0) -> list[str]:

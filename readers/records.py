@@ -45,12 +45,16 @@ class SourceListing:
     """What a reader saw in one complete pass over a source.
 
     `kept_ids` are notes that exist but could not be read this time: the sync must keep their old index entries.
+    `unchanged_ids` are notes whose source bytes match what was last indexed, listed without a record (not parsed).
+    `signatures` maps a record's id to a signature of the bytes it was parsed from, for the next pass to compare.
     """
 
     records: list[NoteRecord]
     kept_ids: set[str] = field(default_factory=set)
     warnings: list[str] = field(default_factory=list)
     skipped: int = 0
+    unchanged_ids: set[str] = field(default_factory=set)
+    signatures: dict[str, str] = field(default_factory=dict)
 
 
 def encode_list(values: list[str]) -> str:

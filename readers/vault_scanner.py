@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import codecs
 import datetime as dt
+import errno
+import functools
+import hashlib
 import os
 import re
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +27,7 @@ from readers.markdown_syntax import (
 from readers.records import NoteRecord, SourceListing, encode_list
 
 DEFAULT_MAX_BYTES = 2 * 1024 * 1024
+MAX_FOLDER_DEPTH = 64
 _DATE_IN_NAME = re.compile(r"(\d{4})-(\d{2})-(\d{2})")
 
 
@@ -56,6 +61,20 @@ def decode_note(raw: bytes) -> tuple[str, str]:
         return raw.decode(encoding, errors="replace"), warning
 
 
+@functools.cache
+def _parser_stamp() -> str:
+    """A digest of the code that turns a file's bytes into a record: any change to it invalidates every signature."""
+    from readers import markdown_syntax, records
+
+    sources = b"".join(Path(module.__file__ or "").read_bytes() for module in (markdown_syntax, records))
+    return hashlib.blake2b(sources + Path(__file__).read_bytes(), digest_size=8).hexdigest()
+
+
+def file_signature(raw: bytes) -> str:
+    """What a vault note's record is made from, besides its path: its bytes and the parsing code."""
+    return f"{_parser_stamp()}:{hashlib.blake2b(raw, digest_size=16).hexdigest()}"
+
+
 def _looks_binary(raw: bytes) -> bool:
     return not raw.startswith(tuple(bom for bom, _ in _BOMS)) and b"\x00" in raw[:8192]
 
@@ -72,24 +91,22 @@ class VaultScanner:
         """Markdown files under the root, in name order; dot-folders and dot-files skipped.
 
         Symlinks are followed only to targets inside the vault. A symlinked folder that the plain walk reaches anyway
-        is not walked again, so its notes keep their real paths and loops are cut. A folder that cannot be listed
-        raises `VaultError`: a partial listing would make the sync delete the notes it hides.
+        is not walked again, so its notes keep their real paths and loops are cut. A folder nested deeper than
+        `MAX_FOLDER_DEPTH` is skipped with a warning (an explicit stack, so no depth can overflow Python's). A folder
+        that cannot be listed raises `VaultError`: a partial listing would make the sync delete the notes it hides.
         """
         if not self.root.is_dir():
             raise VaultError(f"vault folder not found or not a directory: {self.root}")
+        real_root = os.path.realpath(self.root)
+        visited = {real_root}
         found: list[Path] = []
-        self._walk(self.root, os.path.realpath(self.root), set(), found, warnings)
-        return found
-
-    def _walk(self, folder: Path, real_root: str, visited: set[str], found: list[Path], warnings: list[str]) -> None:
-        """Add the notes under `folder` to `found`; `visited` holds the real paths of folders already walked."""
-        visited.add(os.path.realpath(folder))
-        try:
-            with os.scandir(folder) as entries:
-                children = sorted(entries, key=lambda entry: entry.name)
-        except OSError as exc:
-            raise VaultError(f"cannot list the vault folder {folder} ({exc.strerror or exc})") from exc
-        for entry in children:
+        stack = [(self.root, iter(self._list(self.root, warnings)))]
+        while stack:
+            folder, entries = stack[-1]
+            entry = next(entries, None)
+            if entry is None:
+                stack.pop()
+                continue
             if entry.name.startswith("."):
                 continue
             path = Path(folder, entry.name)
@@ -101,19 +118,42 @@ class VaultScanner:
                     if is_note or is_dir:
                         warnings.append(f"{self._rel(path)}: symlink points outside the vault; skipped")
                     continue
-                if is_dir:
-                    if _inside(os.path.realpath(folder), real):
-                        warnings.append(f"{self._rel(path)}: symlink to an enclosing folder (a loop); skipped")
-                    elif real not in visited and not _walked_anyway(real, real_root):
-                        self._walk(path, real_root, visited, found, warnings)
+                if is_dir and _inside(os.path.realpath(folder), real):
+                    warnings.append(f"{self._rel(path)}: symlink to an enclosing folder (a loop); skipped")
+                    continue
+                if is_dir and (real in visited or _walked_anyway(real, real_root)):
                     continue
             if is_dir:
-                self._walk(path, real_root, visited, found, warnings)
+                if len(stack) > MAX_FOLDER_DEPTH:
+                    warnings.append(f"{self._rel(path)}: folder nested deeper than {MAX_FOLDER_DEPTH} levels; skipped")
+                    continue
+                visited.add(os.path.realpath(path))
+                stack.append((path, iter(self._list(path, warnings))))
             elif is_note:
                 found.append(path)
+        return found
 
-    def scan(self) -> SourceListing:
-        """One complete pass: a record per readable note; unreadable ones are kept, the rest skipped with a warning."""
+    def _list(self, folder: Path, warnings: list[str]) -> list[os.DirEntry[str]]:
+        """A folder's entries in name order. A path too long for the system to open is skipped with a warning (no
+        note under it could ever be read); any other failure fails the vault."""
+        try:
+            with os.scandir(folder) as entries:
+                return sorted(entries, key=lambda entry: entry.name)
+        except OSError as exc:
+            if exc.errno == errno.ENAMETOOLONG:
+                warnings.append(f"{self._rel(folder)}: path too long for the system to open; skipped")
+                return []
+            raise VaultError(f"cannot list the vault folder {folder} ({exc.strerror or exc})") from exc
+
+    def scan(self, known: Mapping[str, str] | None = None) -> SourceListing:
+        """One complete pass: a record per readable note; unreadable ones are kept, the rest skipped with a warning.
+
+        `known` maps note ids to the `file_signature` of the bytes last indexed: a note whose bytes still match is
+        listed in `unchanged_ids` without being decoded or parsed (a no-change sync of thousands of notes stays fast).
+        A record depends on nothing but its path (the id), its bytes and the parsing code, which the signature covers;
+        links are resolved against other notes only at search time.
+        """
+        known = known or {}
         listing = SourceListing(records=[])
         for path in self.iter_paths(listing.warnings):
             rel = self._rel(path)
@@ -140,6 +180,10 @@ class VaultScanner:
                 listing.kept_ids.add(note_id)
                 listing.skipped += 1
                 continue
+            signature = file_signature(raw)
+            if known.get(note_id) == signature:
+                listing.unchanged_ids.add(note_id)
+                continue
             if _looks_binary(raw):
                 listing.warnings.append(f"{rel}: binary content in a .md file; skipped")
                 listing.skipped += 1
@@ -150,6 +194,8 @@ class VaultScanner:
             record, fm_warning = self.parse(rel, text, info.st_mtime)
             if fm_warning:
                 listing.warnings.append(f"{rel}: {fm_warning}")
+            if not warning and not fm_warning:  # a note with a warning is parsed (and warned about) every time
+                listing.signatures[note_id] = signature
             listing.records.append(record)
         return listing
 

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import datetime as dt
+import time
 from typing import Any
 
 import pytest
+import yaml
 
 from readers.markdown_syntax import (
+    ALIAS_BUDGET,
+    MAX_NESTING,
     WikiLink,
     as_datetime,
     as_string_list,
@@ -185,6 +189,96 @@ def test_an_impossible_date_does_not_break_the_rest_of_the_frontmatter() -> None
 def test_frontmatter_keys_become_strings() -> None:
     """Chroma metadata keys are strings, so YAML int/bool keys are converted."""
     assert split_frontmatter("---\n2024: a\ntrue: b\n---\n").data == {"2024": "a", "True": "b"}
+
+
+def test_frontmatter_is_parsed_with_libyaml_when_it_is_there() -> None:
+    """The C loader is ~10x faster; it must still keep the safe constructors and the custom ones."""
+    from readers.markdown_syntax import _yaml_loader
+
+    if yaml.__with_libyaml__:
+        assert issubclass(_yaml_loader(), yaml.CSafeLoader)
+    assert split_frontmatter("---\nx: !!python/object/apply:os.system [echo hi]\n---\nb").warning.startswith(
+        "frontmatter is not valid YAML"
+    )
+
+
+# --- hostile frontmatter: aliases and nesting ---------------------------------------------------------------------
+
+
+def billion_laughs(levels: int) -> str:
+    """The classic alias bomb: each level is a list of nine aliases to the level before (9**levels strings)."""
+    names = "abcdefghijklmnop"[:levels]
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for prev, name in zip(names, names[1:], strict=False):
+        lines.append(f"{name}: &{name} [" + ",".join([f"*{prev}"] * 9) + "]")
+    return "---\n" + "\n".join(lines) + f"\ntitle: *{names[-1]}\n---\n# Body\n\nstill here\n"
+
+
+@pytest.mark.parametrize("levels", [6, 9, 16])
+def test_an_alias_bomb_is_refused_fast_and_the_body_kept(levels: int) -> None:
+    """~380 bytes that expand to 9**9 strings: refused from the node graph, before any value is built or printed."""
+    text = billion_laughs(levels)
+    started = time.process_time()
+    fm = split_frontmatter(text)
+    assert time.process_time() - started < 0.5
+    assert fm.data == {}
+    assert fm.body == "# Body\n\nstill here\n"
+    assert fm.warning == (
+        f"frontmatter refused: its aliases expand it by more than {ALIAS_BUDGET:,} nodes and characters; "
+        "dropped, the body is indexed"
+    )
+
+
+def test_an_alias_bomb_through_merge_keys_is_refused() -> None:
+    """`<<: *prev` merges copy key/value pairs level by level: the same explosion through mappings."""
+    lines = ["l0: &l0 {" + ", ".join(f"k{i}: v{i}" for i in range(9)) + "}"]
+    lines += [f"l{n}: &l{n} {{" + ", ".join([f"<<: *l{n - 1}"] + [f"x{i}: *l{n - 1}" for i in range(8)]) + "}"
+              for n in range(1, 9)]
+    fm = split_frontmatter("---\n" + "\n".join(lines) + "\n---\nbody")
+    assert (fm.data, fm.body) == ({}, "body")
+    assert "aliases expand it" in fm.warning
+
+
+def test_one_long_string_repeated_by_aliases_counts_its_characters() -> None:
+    """A few thousand aliases to one long string are as costly as the bomb once joined into tags: characters count."""
+    text = "---\nlong: &s " + "x" * 1000 + "\ntags: [" + ", ".join(["*s"] * 100) + "]\n---\nbody"
+    assert "aliases expand it" in split_frontmatter(text).warning
+    small = "---\nlong: &s " + "x" * 100 + "\ntags: [" + ", ".join(["*s"] * 100) + "]\n---\nbody"
+    assert split_frontmatter(small).warning == ""
+
+
+def test_a_value_that_contains_itself_is_refused() -> None:
+    """`&a [*a]` is a list inside itself: printing it never ends (YAML allows it, the composer shares the node)."""
+    for text in ("---\na: &a [*a]\n---\nbody", "---\na: &a {b: {c: *a}}\n---\nbody"):
+        fm = split_frontmatter(text)
+        assert (fm.data, fm.body) == ({}, "body")
+        assert fm.warning.startswith("frontmatter refused: an alias refers to a value that contains it; dropped")
+
+
+def test_ordinary_aliases_and_merge_keys_still_load() -> None:
+    """Real frontmatter reuses a few small values: well within the budget."""
+    text = "---\nbase: &b {status: draft, tags: [x, y]}\npost:\n  <<: *b\n  title: T\nagain: *b\n---\nbody"
+    fm = split_frontmatter(text)
+    assert fm.warning == ""
+    assert fm.data["post"] == {"status": "draft", "tags": ["x", "y"], "title": "T"}
+    assert fm.data["again"] == fm.data["base"]
+
+
+def test_nesting_is_capped() -> None:
+    """Values nested past the cap would overflow Python's recursion when printed; at the cap they load."""
+    deep = split_frontmatter("---\na: " + "[" * MAX_NESTING + "]" * MAX_NESTING + "\n---\nbody")
+    assert (deep.data, deep.body) == ({}, "body")
+    assert deep.warning.startswith(f"frontmatter refused: values nested deeper than {MAX_NESTING} levels; dropped")
+    ok = split_frontmatter("---\na: " + "[" * (MAX_NESTING - 1) + "]" * (MAX_NESTING - 1) + "\n---\nbody")
+    assert (ok.warning, ok.body) == ("", "body")
+
+
+def test_nesting_libyaml_refuses_is_invalid_yaml_not_a_crash() -> None:
+    """Ten thousand levels: the parser's own limit turns it into a warning, and the text is kept."""
+    text = "---\na: " + "[" * 10_000 + "]" * 10_000 + "\n---\nbody"
+    fm = split_frontmatter(text)
+    assert (fm.data, fm.body) == ({}, text)
+    assert fm.warning.startswith("frontmatter is not valid YAML")
 
 
 # --- frontmatter values -------------------------------------------------------------------------------------------

@@ -11,8 +11,17 @@ from pathlib import Path
 
 import pytest
 
+from readers import vault_scanner
 from readers.records import NoteRecord, SourceListing, decode_list
-from readers.vault_scanner import DEFAULT_MAX_BYTES, VaultError, VaultScanner, decode_note, vault_note_id
+from readers.vault_scanner import (
+    DEFAULT_MAX_BYTES,
+    MAX_FOLDER_DEPTH,
+    VaultError,
+    VaultScanner,
+    decode_note,
+    file_signature,
+    vault_note_id,
+)
 from tests.conftest import SAMPLE_VAULT
 
 MakeVault = Callable[..., Path]
@@ -522,6 +531,115 @@ def test_root_given_through_a_symlink(make_vault: MakeVault, tmp_path: Path) -> 
     (tmp_path / "shortcut").symlink_to(root, target_is_directory=True)
     listing = scan(tmp_path / "shortcut")
     assert ([r.id for r in listing.records], listing.warnings) == (["vault:real-vault/a.md"], [])
+
+
+# --- unchanged files: decided before parsing ---------------------------------------------------------------------
+
+FRONTMATTER_NOTES = {
+    "a.md": "---\ntitle: Alpha\ntags: [x]\n---\nSee [[b]].",
+    "b.md": "---\ntitle: Beta\n---\nbeta",
+    "sub/c.md": "# Gamma\n\ngamma",
+}
+
+
+def test_files_whose_bytes_match_their_signature_are_listed_without_parsing(
+    make_vault: MakeVault, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second pass parses nothing: each note is listed in `unchanged_ids` from its bytes alone."""
+    root = make_vault(FRONTMATTER_NOTES)
+    first = scan(root)
+    assert set(first.signatures) == {r.id for r in first.records} and len(first.records) == 3
+    parsed: list[str] = []
+    original = VaultScanner.parse
+    monkeypatch.setattr(VaultScanner, "parse", lambda self, rel, *a: parsed.append(rel) or original(self, rel, *a))
+    again = VaultScanner(root).scan(first.signatures)
+    assert (again.records, parsed, again.signatures) == ([], [], {})
+    assert again.unchanged_ids == set(first.signatures)
+    os.utime(root / "b.md", (1_700_000_000, 1_700_000_000))  # touched, same bytes: still unchanged
+    (root / "a.md").write_text(FRONTMATTER_NOTES["a.md"] + " Edited.", encoding="utf-8")
+    edited = VaultScanner(root).scan(first.signatures)
+    assert (parsed, [r.id for r in edited.records]) == (["a.md"], ["vault:notes/a.md"])
+    assert edited.unchanged_ids == {"vault:notes/b.md", "vault:notes/sub/c.md"}
+    assert edited.signatures["vault:notes/a.md"] != first.signatures["vault:notes/a.md"]
+
+
+def test_a_record_depends_only_on_its_own_path_and_bytes(make_vault: MakeVault) -> None:
+    """Why bytes decide: links are kept as written (resolved at search time) and nothing is taken from other files,
+    so renaming, retitling or deleting a linked note leaves every other record as it was."""
+    root = make_vault(FRONTMATTER_NOTES)
+    before = {r.id: r.content_hash for r in scan(root).records}
+    (root / "b.md").write_text("---\ntitle: Renamed\n---\nnew", encoding="utf-8")
+    (root / "sub" / "c.md").rename(root / "c.md")
+    (root / "new.md").write_text("# a\n\n[[a]]", encoding="utf-8")
+    after = {r.id: r.content_hash for r in scan(root).records}
+    assert after["vault:notes/a.md"] == before["vault:notes/a.md"]
+
+
+def test_a_note_with_a_warning_gets_no_signature_so_it_is_warned_about_every_time(make_vault: MakeVault) -> None:
+    """Skipping it would also skip its warning: bad UTF-8 and broken frontmatter are parsed (and reported) again."""
+    root = make_vault({"ok.md": "ok", "bad.md": b"\xff bad", "fm.md": "---\na: [\n---\nbody"})
+    first = scan(root)
+    assert set(first.signatures) == {"vault:notes/ok.md"}
+    again = VaultScanner(root).scan(first.signatures)
+    assert [r.id for r in again.records] == ["vault:notes/bad.md", "vault:notes/fm.md"]
+    assert [w.split(":")[0] for w in again.warnings] == ["bad.md", "fm.md"]
+
+
+def test_a_signature_covers_the_parsing_code(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A change to the code that builds records invalidates every signature: old records are rebuilt, not trusted."""
+    from readers import markdown_syntax
+
+    before = file_signature(b"same bytes")
+    changed = tmp_path / "markdown_syntax.py"
+    changed.write_bytes(Path(markdown_syntax.__file__).read_bytes() + b"\n# a change\n")
+    monkeypatch.setattr(markdown_syntax, "__file__", str(changed))
+    vault_scanner._parser_stamp.cache_clear()
+    try:
+        assert file_signature(b"same bytes") != before
+    finally:
+        monkeypatch.undo()
+        vault_scanner._parser_stamp.cache_clear()
+    assert file_signature(b"same bytes") == before != file_signature(b"other bytes")
+
+
+# --- deep folders -------------------------------------------------------------------------------------------------
+
+
+def test_a_folder_nested_1100_deep_is_cut_at_the_cap_and_the_rest_lists(make_vault: MakeVault) -> None:
+    """No recursion: the walk neither overflows nor fails; notes down to the cap are listed, the folder below is
+    named in a warning."""
+    root = make_vault({"top.md": "top", "z/after.md": "after"})
+    deep = str(root)
+    for _ in range(1100):  # one level at a time: pathlib's and os.makedirs's own recursion overflow here
+        deep += "/d"
+        os.mkdir(deep)
+    Path(deep, "bottom.md").write_text("bottom", encoding="utf-8")
+    (root.joinpath(*["d"] * MAX_FOLDER_DEPTH) / "at-cap.md").write_text("at cap", encoding="utf-8")
+    listing = scan(root)
+    at_cap = "/".join(["d"] * MAX_FOLDER_DEPTH) + "/at-cap.md"
+    assert [r.metadata["path"] for r in listing.records] == [at_cap, "top.md", "z/after.md"]
+    too_deep = "/".join(["d"] * (MAX_FOLDER_DEPTH + 1))
+    assert listing.warnings == [f"{too_deep}: folder nested deeper than {MAX_FOLDER_DEPTH} levels; skipped"]
+
+
+def test_a_path_too_long_to_open_is_skipped_with_a_warning(make_vault: MakeVault) -> None:
+    """Folders whose full path passes the system's limit (made here through folder handles) cannot be listed by
+    path; their notes could never be read, so they are named and skipped instead of failing the vault."""
+    root = make_vault({"ok.md": "ok"})
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        for _ in range(20):
+            os.mkdir("n" * 250, dir_fd=fd)
+            child = os.open("n" * 250, os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = child
+        os.close(os.open("lost.md", os.O_CREAT | os.O_WRONLY, dir_fd=fd))
+    finally:
+        os.close(fd)
+    listing = scan(root)
+    assert [r.metadata["path"] for r in listing.records] == ["ok.md"]
+    assert len(listing.warnings) == 1
+    assert listing.warnings[0].endswith(": path too long for the system to open; skipped")
 
 
 # --- the bundled sample vault -------------------------------------------------------------------------------------
