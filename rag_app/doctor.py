@@ -69,14 +69,14 @@ def run_doctor(settings: Settings, repair: bool = False, compact: bool = False) 
 def inspect(settings: Settings, manifest: Manifest, client: Any) -> Findings:
     """Compare the four id sets: each model's collection, the notes table, the chunks table, bm25/ids.json.
 
-    A note's manifest model is every dense model it was embedded with ("e5-small+use-m3"): each collection must hold
-    all its chunks.
+    A note's manifest model is every dense model its vectors are stored for ("e5-small+use-m3"): each collection
+    must hold all its chunks.
     """
     entries = manifest.entries()
     owner = {chunk_id: note_id for note_id, e in entries.items() for chunk_id in e.chunk_ids}
     expected: dict[str, set[str]] = {}
     for entry in entries.values():
-        for model in entry.model.split("+"):
+        for model in entry.models:
             expected.setdefault(collection_name(model), set()).update(entry.chunk_ids)
     present = {collection.name: collection_ids(collection) for collection in _collections(client)}
     orphans = {name: sorted(ids - expected.get(name, set())) for name, ids in present.items()}
@@ -92,7 +92,6 @@ def inspect(settings: Settings, manifest: Manifest, client: Any) -> Findings:
         "bm25_missing": sorted(owner.keys() - bm25_ids),
         "bm25_stale": sorted(bm25_ids - owner.keys()),
         "bm25_stamp": [] if saved_stamp == stamp else [f"saved {saved_stamp or 'none'}, current {stamp}"],
-        "model_mismatch": sorted(n for n, e in entries.items() if e.model != settings.model_id),
         "interrupted_compaction": sorted(c.name for c in client.list_collections()
                                          if c.name.endswith((OLD_SUFFIX, NEW_SUFFIX))),
     }
@@ -103,9 +102,10 @@ def inspect(settings: Settings, manifest: Manifest, client: Any) -> Findings:
         "chunk_rows": len(rows),
         "vectors": sum(len(ids) for ids in present.values()),
         "bm25_ids": len(bm25_ids),
+        "notes_without_vectors": {m: len(manifest.notes_lacking(m)) for m in settings.models},  # the next sync fills
     }
     return Findings(counts, problems, {n: ids for n, ids in orphans.items() if ids},
-                    sorted(reembed | set(problems["model_mismatch"])))
+                    sorted(reembed))
 
 
 def repair_index(settings: Settings, manifest: Manifest, client: Any, findings: Findings) -> dict[str, Any]:

@@ -7,24 +7,33 @@ import os
 import re
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rag_app.chunking import CHUNKER_VERSION, chunker_id
-from rag_app.config import ConfigError, Settings, SourceSpec, load_settings, memos_source, vault_source
+from rag_app.config import (
+    FAST_EMBEDDING,
+    ConfigError,
+    Settings,
+    SourceSpec,
+    load_settings,
+    memos_source,
+    vault_source,
+)
 from rag_app.graph import LinkGraph
 from rag_app.manifest import Manifest
 from rag_app.query import SearchError, SearchFilters
 from rag_app.store import StoreError
 from rag_app.sync import (
-    TOKEN_ORIGIN,
     Progress,
     SourceReport,
+    StopRequested,
     SyncBusyError,
-    SyncLock,
     SyncReport,
+    channel_progress,
+    remove_source,
     sync_sources,
-    url_origin,
 )
 from readers.records import decode_list
 
@@ -32,8 +41,8 @@ if TYPE_CHECKING:
     from rag_app.answer import AnswerResponse
     from rag_app.retrieve import SearchIndex, SearchResponse
 
-__all__ = ["Brain", "ConfigError", "NoteNotFound", "Progress", "SearchError", "SourceReport", "StoreError",
-           "SyncBusyError", "SyncReport"]
+__all__ = ["Brain", "ConfigError", "NoteNotFound", "Progress", "SearchError", "SourceReport", "StopRequested",
+           "StoreError", "SyncBusyError", "SyncReport"]
 
 
 class Brain:
@@ -42,6 +51,8 @@ class Brain:
     def __init__(self, home: str | os.PathLike[str] | None = None, store_url: str | None = None):
         self.settings: Settings = load_settings(home, store_url=store_url)
         self._search_index: SearchIndex | None = None
+        self._search_models: tuple[str, ...] = ()
+        self._progress: tuple[str, tuple[str, ...]] | None = None
         self._llm: Any = None
         self._graph: tuple[str, LinkGraph] | None = None
         self._lock = threading.RLock()
@@ -98,16 +109,19 @@ class Brain:
         names: tuple[str, ...] = (),
         progress: Progress | None = None,
         on_source: Callable[[SourceReport], None] | None = None,
+        stop: StopRequested | None = None,
     ) -> SyncReport:
-        return sync_sources(self.settings, self.resolve_sources(vaults, memos, names), progress, on_source)
+        return sync_sources(self.settings, self.resolve_sources(vaults, memos, names), progress, on_source, stop)
 
     def status(self) -> dict[str, Any]:
         """Counts from the manifest (no Chroma, no model): cheap enough for a status bar."""
         sources: list[dict[str, Any]] = []
         notes = chunks = 0
+        channels: dict[str, Any] = {}
         if self.settings.manifest_path.exists():
             manifest = Manifest(self.settings.manifest_path)
             try:
+                channels = channel_progress(self.settings, manifest)
                 counts = manifest.counts()
                 for name, row in manifest.sources().items():
                     n_notes, n_chunks = counts.get(name, (0, 0))
@@ -127,6 +141,7 @@ class Brain:
             "notes": notes,
             "chunks": chunks,
             "sources": sources,
+            "channels": channels,
             "embedding_model": self.settings.embedding_model,
             "dense_models": self.settings.models,
             "chunker_version": chunker_id(self.settings.chunk_max_chars, self.settings.chunk_overlap)
@@ -136,12 +151,45 @@ class Brain:
         }
 
     def searcher(self) -> SearchIndex:
-        """The open search index of this home (kept for the life of this Brain: warm searches skip start-up)."""
-        if self._search_index is None:
+        """The open search index of this home (kept for the life of this Brain: warm searches skip start-up).
+
+        While a sync fills in vectors, a dense model that has not reached every note is left out of fusion (it would
+        push the notes it has not reached down): the index opens with the models that are complete, so retrieval runs
+        in fast mode (BM25 leading, USE-m3 gated) until the default model is complete too."""
+        models = self._complete_models()
+        if self._search_index is None or self._search_models != models:
             from rag_app.retrieve import SearchIndex
 
-            self._search_index = SearchIndex(self.settings)
+            if self._search_index is not None:
+                self._search_index.close()
+            self._search_index = SearchIndex(self._searchable_settings(models))
+            self._search_models = models
         return self._search_index
+
+    def _complete_models(self) -> tuple[str, ...]:
+        """The configured dense models whose vectors cover every note (re-read when the manifest's progress moved)."""
+        if not self.settings.manifest_path.exists():
+            return tuple(self.settings.models)
+        manifest = self._search_index.manifest if self._search_index is not None else Manifest(
+            self.settings.manifest_path)
+        try:
+            stamp = manifest.progress_stamp()
+            if self._progress is None or self._progress[0] != stamp:
+                total, per_model = manifest.channel_counts()
+                self._progress = (stamp, tuple(m for m in self.settings.models if per_model.get(m, 0) >= total))
+            return self._progress[1]
+        finally:
+            if self._search_index is None:
+                manifest.close()
+
+    def _searchable_settings(self, complete: tuple[str, ...]) -> Settings:
+        if list(complete) == self.settings.models:
+            return self.settings
+        if complete:
+            return replace(self.settings, embedding_model=complete[0], second_model="")
+        if FAST_EMBEDDING in self.settings.models:  # nothing complete: USE-m3 gated behind BM25, over what it has
+            return replace(self.settings, embedding_model=FAST_EMBEDDING, second_model="")
+        return self.settings
 
     def llm(self) -> Any | None:
         if self._llm is None:
@@ -290,31 +338,10 @@ class Brain:
 
     def remove_source(self, name: str) -> dict[str, Any]:
         """Drop a source and every note it contributed: the only way notes leave the index besides deletion."""
-        with SyncLock(self.settings.home, self.settings.lock_wait_seconds):
-            manifest = Manifest(self.settings.manifest_path)
-            try:
-                if name not in manifest.sources():
-                    raise ConfigError(f"unknown source {name!r}; known: {sorted(manifest.sources()) or 'none'}")
-                entries = manifest.entries(name)
-                note_ids = sorted(entries)
-                if note_ids:
-                    from rag_app.store import VectorIndex
-
-                    for model in {m for e in entries.values() for m in e.model.split("+")}:
-                        index = VectorIndex(self.settings, model)
-                        index.forget(note_ids)
-                        index.persist()
-                with manifest.transaction():
-                    manifest.delete_notes(note_ids)
-                    manifest.delete_source(name)
-                    servers = {url_origin(str(row["spec"].get("url"))) for row in manifest.sources().values()
-                               if row["kind"] == "memos"}
-                    if manifest.get_meta(TOKEN_ORIGIN) not in servers:
-                        manifest.delete_meta(TOKEN_ORIGIN)  # the generic token is free for the next server
-            finally:
-                manifest.close()
+        removed = remove_source(self.settings, name)
+        self.close()
         in_config = any(s.name == name for s in self.settings.sources)
-        return {"removed": name, "notes": len(note_ids), "still_in_config": in_config}
+        return {"removed": name, "notes": removed, "still_in_config": in_config}
 
 
 class NoteNotFound(LookupError):

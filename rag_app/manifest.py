@@ -83,17 +83,28 @@ class ManifestEntry:
     chunker: str
     chunk_ids: list[str]
 
+    @property
+    def models(self) -> set[str]:
+        """The dense models whose vectors of this note's chunks are stored (the `model` column, "+"-joined)."""
+        return split_models(self.model)
+
+
+def split_models(joined: str) -> set[str]:
+    """The one place the "+"-joined model column is read."""
+    return {m for m in joined.split("+") if m}
+
 
 @dataclass
 class Plan:
-    """What a sync of one source will do. `reembed` counts changed notes whose only change is the model/chunker."""
+    """What a sync of one source will chunk again, delete or leave. Vectors are not planned here: every sync fills
+    in the vectors any note lacks (`Manifest.notes_lacking`). `rechunk` counts changed notes whose only change is the
+    chunker."""
 
     added: list[NoteRecord] = field(default_factory=list)
     changed: list[NoteRecord] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     unchanged: int = 0
-    reembed: int = 0
-    second_only: list[NoteRecord] = field(default_factory=list)
+    rechunk: int = 0
 
     @property
     def to_embed(self) -> list[NoteRecord]:
@@ -101,23 +112,23 @@ class Plan:
 
     @property
     def is_noop(self) -> bool:
-        return not (self.added or self.changed or self.deleted or self.second_only)
+        return not (self.added or self.changed or self.deleted)
 
 
 def make_plan(
-    entries: dict[str, ManifestEntry], records: list[NoteRecord], kept_ids: set[str], model: str, chunker: str,
+    entries: dict[str, ManifestEntry], records: list[NoteRecord], kept_ids: set[str], chunker: str,
     unchanged_ids: set[str] | frozenset[str] = frozenset(),
 ) -> Plan:
     """Compare a complete listing of one source against the manifest rows of that source.
 
     `unchanged_ids` are notes the reader verified unchanged without a record (from `Manifest.trusted_signatures`, so
-    with this model and chunker): with no record to embed, any other state is a caller's error.
+    with this chunker): with no record to chunk, any other state is a caller's error.
     """
     plan = Plan()
     seen: set[str] = set(unchanged_ids)
     for note_id in unchanged_ids:
         entry = entries.get(note_id)
-        if entry is None or entry.model != model or entry.chunker != chunker:
+        if entry is None or entry.chunker != chunker:
             raise ValueError(f"{note_id} was listed as unchanged but its index entry is not current")
     plan.unchanged += len(unchanged_ids)
     for record in records:
@@ -129,11 +140,9 @@ def make_plan(
             plan.added.append(record)
         elif entry.hash != record.content_hash:
             plan.changed.append(record)
-        elif entry.chunker == chunker and entry.model.split("+")[0] == model.split("+")[0] and entry.model != model:
-            plan.second_only.append(record)
-        elif entry.model != model or entry.chunker != chunker:
+        elif entry.chunker != chunker:
             plan.changed.append(record)
-            plan.reembed += 1
+            plan.rechunk += 1
         else:
             plan.unchanged += 1
     plan.deleted = sorted(set(entries) - seen - kept_ids)
@@ -195,16 +204,16 @@ class Manifest:
             "INSERT OR REPLACE INTO note_docs VALUES (?, ?, ?, ?)", (record.id, source, record.text, metadata)
         )
 
-    def trusted_signatures(self, source: str, model: str, chunker: str) -> dict[str, str]:
+    def trusted_signatures(self, source: str, chunker: str) -> dict[str, str]:
         """note id → file signature, for notes whose index entry is current: the hash stored with the signature is the
-        note's hash, it was embedded with this model and chunker, and its text is kept. A file whose bytes still match
-        needs no parsing; any other note is parsed and compared as usual."""
+        note's hash, it was chunked with this chunker, and its text is kept. A file whose bytes still match needs no
+        parsing; any other note is parsed and compared as usual. (Missing vectors are filled in apart from this.)"""
         rows = self.db.execute(
             "SELECT s.note_id, s.signature FROM file_signatures s "
             "JOIN notes n ON n.note_id = s.note_id AND n.hash = s.hash "
             "JOIN note_docs d ON d.note_id = s.note_id "
-            "WHERE s.source = ? AND n.source = ? AND n.model = ? AND n.chunker = ?",
-            (source, source, model, chunker),
+            "WHERE s.source = ? AND n.source = ? AND n.chunker = ?",
+            (source, source, chunker),
         )
         return dict(rows.fetchall())
 
@@ -286,6 +295,10 @@ class Manifest:
     def generation(self) -> str:
         return self.get_meta("chunk_generation") or "0"
 
+    def progress_stamp(self) -> str:
+        """Changes whenever chunks or any model's vectors changed: cheap to read before every search."""
+        return f"{self.generation()}/{self.get_meta('vector_generation') or '0'}"
+
     def chunk_tokens(self) -> list[tuple[str, str | None, str, str]]:
         """(chunk_id, tokens or None, text, metadata json) for every chunk, in a stable order."""
         return self.db.execute("SELECT chunk_id, tokens, text, metadata FROM chunks ORDER BY chunk_id").fetchall()
@@ -342,10 +355,44 @@ class Manifest:
         return out
 
     def models_in_use(self) -> set[str]:
-        return {m for row in self.db.execute("SELECT DISTINCT model FROM notes") for m in row[0].split("+")}
+        return {m for row in self.db.execute("SELECT DISTINCT model FROM notes") for m in split_models(row[0])}
 
-    def set_model(self, note_ids: list[str], model: str) -> None:
-        self.db.executemany("UPDATE notes SET model = ? WHERE note_id = ?", [(model, n) for n in note_ids])
+    def notes_lacking(self, model: str, limit: int | None = None) -> list[str]:
+        """Notes whose chunks have no vectors of `model` yet, in a stable order (a resumed fill goes on from there)."""
+        query = "SELECT note_id FROM notes WHERE instr('+' || model || '+', ?) = 0 ORDER BY source, note_id LIMIT ?"
+        return [r[0] for r in self.db.execute(query, (f"+{model}+", limit or -1))]
+
+    def chunk_counts(self, note_ids: list[str]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for batch, marks in _in_batches(note_ids):
+            rows = self.db.execute(
+                f"SELECT note_id, json_array_length(chunk_ids) FROM notes WHERE note_id IN ({marks})", batch)
+            out.update(dict(rows.fetchall()))
+        return out
+
+    def add_model(self, note_ids: list[str], model: str) -> None:
+        """Record that these notes' chunks now have vectors of `model`."""
+        rows = self.entries_for(note_ids)
+        self.db.executemany("UPDATE notes SET model = ? WHERE note_id = ?",
+                            [("+".join(sorted(e.models | {model})), n) for n, e in rows.items()])
+        self.set_meta("vector_generation", str(int(self.get_meta("vector_generation") or 0) + 1))
+
+    def keep_only_models(self, models: set[str]) -> None:
+        """Forget vectors of models no longer configured (their collection is dropped next)."""
+        for joined, in self.db.execute("SELECT DISTINCT model FROM notes").fetchall():
+            kept = "+".join(sorted(split_models(joined) & models))
+            if kept != joined:
+                self.db.execute("UPDATE notes SET model = ? WHERE model = ?", (kept, joined))
+
+    def channel_counts(self) -> tuple[int, dict[str, int]]:
+        """(chunks in all, chunks with vectors per model): how far each search channel has come."""
+        total, per_model = 0, {}
+        for joined, chunks in self.db.execute(
+                "SELECT model, SUM(json_array_length(chunk_ids)) FROM notes GROUP BY model"):
+            total += chunks or 0
+            for model in split_models(joined):
+                per_model[model] = per_model.get(model, 0) + (chunks or 0)
+        return total, per_model
 
     def chunks_for_notes(self, note_ids: list[str]) -> list[tuple[str, str, str, dict[str, Any]]]:
         """(chunk_id, note_id, text, metadata) of these notes' chunks."""

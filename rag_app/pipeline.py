@@ -5,8 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from llama_index.core.ingestion import DocstoreStrategy, IngestionPipeline
-from llama_index.core.schema import BaseNode, MetadataMode, NodeRelationship, TextNode, TransformComponent
+from llama_index.core.ingestion import IngestionPipeline
+from llama_index.core.schema import (
+    BaseNode,
+    MetadataMode,
+    NodeRelationship,
+    RelatedNodeInfo,
+    TextNode,
+    TransformComponent,
+)
 
 from rag_app.chunking import Chunk, chunk_id, chunk_markdown
 
@@ -29,35 +36,34 @@ class MarkdownChunker(TransformComponent):
     def chunk_document(self, doc: BaseNode) -> list[TextNode]:
         text = doc.get_content(metadata_mode=MetadataMode.NONE)
         chunks = chunk_markdown(text, self.max_chars, self.overlap) or [Chunk(text.strip() or "(empty note)", "")]
-        nodes = []
-        for n, chunk in enumerate(chunks):
-            metadata = {**doc.metadata, "heading": chunk.heading, "chunk": n, "note_id": doc.id_}
-            hidden = [k for k in metadata if k not in EMBED_KEYS]
-            node = TextNode(
-                id_=chunk_id(doc.id_, n),
-                text=chunk.text,
-                metadata=metadata,
-                excluded_embed_metadata_keys=hidden,
-                excluded_llm_metadata_keys=hidden,
-                metadata_template="{value}",
-                metadata_separator="\n",
-                text_template="{metadata_str}\n\n{content}",
-            )
-            node.relationships[NodeRelationship.SOURCE] = doc.as_related_node_info()
-            nodes.append(node)
-        return nodes
+        return [chunk_node(chunk_id(doc.id_, n), doc.id_, chunk.text,
+                           {**doc.metadata, "heading": chunk.heading, "chunk": n, "note_id": doc.id_})
+                for n, chunk in enumerate(chunks)]
 
 
-def build_pipeline(chunker: MarkdownChunker, embed_model: Any, vector_store: Any, docstore: Any) -> IngestionPipeline:
-    """Chunk → embed → Chroma, with the docstore recording each note's hash.
+def chunk_node(node_id: str, note_id: str, text: str, metadata: dict[str, Any]) -> TextNode:
+    """A chunk as LlamaIndex sees it: only the title and heading ride along into the text that is embedded."""
+    hidden = [k for k in metadata if k not in EMBED_KEYS]
+    node = TextNode(id_=node_id, text=text, metadata=metadata, excluded_embed_metadata_keys=hidden,
+                    excluded_llm_metadata_keys=hidden, metadata_template="{value}", metadata_separator="\n",
+                    text_template="{metadata_str}\n\n{content}")
+    node.relationships[NodeRelationship.SOURCE] = RelatedNodeInfo(node_id=note_id)
+    return node
 
-    The caller passes only the notes the manifest says need embedding and clears them from the docstore first,
-    so UPSERTS never skips a note and never deletes notes outside this run (UPSERTS_AND_DELETE would).
-    """
-    return IngestionPipeline(
-        transformations=[chunker, embed_model],
-        vector_store=vector_store,
-        docstore=docstore,
-        docstore_strategy=DocstoreStrategy.UPSERTS,
-        disable_cache=True,
-    )
+
+def chunking_pipeline(max_chars: int, overlap: int) -> IngestionPipeline:
+    """Notes → chunk nodes, no model: the first step of a sync, which makes notes searchable by BM25 at once."""
+    return IngestionPipeline(transformations=[MarkdownChunker(max_chars=max_chars, overlap=overlap)],
+                             disable_cache=True)
+
+
+def embedding_pipeline(embed_model: Any, vector_store: Any) -> IngestionPipeline:
+    """Chunk nodes → one dense model's vectors → its Chroma collection (run once per model, the fastest first).
+
+    No docstore: the manifest decides what needs embedding, per note and model."""
+    return IngestionPipeline(transformations=[embed_model], vector_store=vector_store, disable_cache=True)
+
+
+def nodes_from_rows(rows: list[tuple[str, str, str, dict[str, Any]]]) -> list[TextNode]:
+    """Stored chunks (chunk id, note id, text, metadata) as the nodes the chunker made them."""
+    return [chunk_node(node_id, note_id, text, metadata) for node_id, note_id, text, metadata in rows]

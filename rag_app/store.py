@@ -1,4 +1,4 @@
-"""Chroma (embedded or over HTTP) and the pipeline docstore, one collection and docstore per embedding model.
+"""Chroma (embedded or over HTTP): one collection per embedding model.
 
 A model change fills a new collection beside the old one; the old one is dropped only when no note uses it,
 so an interrupted re-embed never leaves the index empty.
@@ -7,9 +7,8 @@ so an interrupted re-embed never leaves the index empty.
 from __future__ import annotations
 
 import logging
-import time
+import shutil
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -66,7 +65,7 @@ def exact_enough(collection: Any) -> None:
 
 
 class VectorIndex:
-    """The Chroma collection and docstore of one embedding model."""
+    """The Chroma collection of one embedding model."""
 
     def __init__(self, settings: Settings, model: str, client: Any | None = None):
         self.settings = settings
@@ -76,52 +75,17 @@ class VectorIndex:
             collection_name(model), metadata={"hnsw:space": "cosine", "embedding_model": model}
         )
         exact_enough(self.collection)
-        self._docstore: Any = None
-        self._docstore_dirty = False
-        self._last_persist = time.monotonic()
-
-    @property
-    def docstore_path(self) -> Path:
-        return self.settings.home / "docstore" / f"{model_slug(self.model)}.json"
 
     def vector_store(self) -> Any:
         from llama_index.vector_stores.chroma import ChromaVectorStore
 
         return ChromaVectorStore(chroma_collection=self.collection)
 
-    def docstore(self) -> Any:
-        if self._docstore is None:
-            from llama_index.core.storage.docstore import SimpleDocumentStore
-
-            path = self.docstore_path
-            exists = path.exists()
-            self._docstore = SimpleDocumentStore.from_persist_path(str(path)) if exists else SimpleDocumentStore()
-        return self._docstore
-
     def forget(self, note_ids: list[str]) -> None:
         """Remove every chunk of these notes (by their document id, so orphans of a crashed run go too)."""
         for start in range(0, len(note_ids), 200):
             batch = note_ids[start : start + 200]
             self.collection.delete(where={"document_id": {"$in": batch}})
-        docstore = self.docstore()
-        for note_id in note_ids:
-            docstore.delete_document(note_id, raise_error=False)
-        self._docstore_dirty = True
-
-    def mark_written(self) -> None:
-        self._docstore_dirty = True
-        if time.monotonic() - self._last_persist > 30:
-            self.persist()
-
-    def persist(self) -> None:
-        """Write the docstore (the manifest, not the docstore, is the source of truth, so this is throttled)."""
-        if self._docstore is not None and self._docstore_dirty:
-            self.docstore_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.docstore_path.with_suffix(".tmp")
-            self._docstore.persist(persist_path=str(tmp))
-            tmp.replace(self.docstore_path)
-            self._docstore_dirty = False
-        self._last_persist = time.monotonic()
 
     def count(self) -> int:
         return self.collection.count()
@@ -187,7 +151,7 @@ class LiveCollection:
 
 
 def drop_unused_collections(settings: Settings, client: Any, models_in_use: set[str]) -> list[str]:
-    """Delete the collections (and docstores) of models no note uses any more, e.g. after a model switch."""
+    """Delete the collections of models no note uses any more, e.g. after a model switch."""
     keep = {collection_name(m) for m in models_in_use}
     dropped = []
     for collection in client.list_collections():
@@ -195,6 +159,5 @@ def drop_unused_collections(settings: Settings, client: Any, models_in_use: set[
         if name.startswith(COLLECTION_PREFIX) and name not in keep:
             client.delete_collection(name)
             dropped.append(name)
-            slug = name.removeprefix(COLLECTION_PREFIX)
-            (settings.home / "docstore" / f"{slug}.json").unlink(missing_ok=True)
+    shutil.rmtree(settings.home / "docstore", ignore_errors=True)  # earlier releases wrote a docstore here, never read
     return dropped

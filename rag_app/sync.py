@@ -1,8 +1,8 @@
-"""Sync: list each source completely, plan against the manifest, then embed only what changed.
+"""Sync: list each source completely, plan against the manifest, then chunk and embed only what changed.
 
-Order of writes per batch: forget the notes' old chunks in Chroma → pipeline (chunk, embed, add) → one SQLite
-commit of manifest rows and chunk texts. A crash between steps leaves notes the manifest does not know as done,
-so the next sync redoes exactly those; a failing source changes nothing at all.
+Writes come in the order that makes notes searchable soonest (see `_Applier`): chunk rows and BM25 tokens first,
+then each dense model's vectors, every batch one SQLite commit. A crash between steps leaves work the manifest does
+not record as done, so the next sync redoes exactly that; a failing source changes nothing at all.
 """
 
 from __future__ import annotations
@@ -11,21 +11,26 @@ import fcntl
 import json
 import logging
 import os
+import signal
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from rag_app.chunking import chunk_markdown, chunker_id
-from rag_app.config import ConfigError, Settings, SourceSpec
+from rag_app.chunking import chunker_id
+from rag_app.config import FAST_EMBEDDING, ConfigError, Settings, SourceSpec
 from rag_app.keyword import TOKENIZER_VERSION, chunk_index_text, tokenize
 from rag_app.manifest import Manifest, Plan, make_plan
 from readers.records import NoteRecord, SourceListing, decode_list, encode_list
 
 log = logging.getLogger("cflow_brain.sync")
-BATCH_CHUNKS = 64
+WRITE_BATCH_NOTES = 500  # notes chunked and committed at once (no model: fast)
+FILL_BATCH_SECONDS = 2.0  # a fill batch is sized to take about this long, so a stop request is honoured soon
+FIRST_FILL_BATCH, MIN_FILL_BATCH, MAX_FILL_BATCH = 16, 8, 512
 
 
 class SyncBusyError(Exception):
@@ -65,15 +70,20 @@ class SourceReport:
 
 @dataclass
 class SyncReport:
+    """`embedded_chunks`: chunks (re)written, searchable by BM25 at once; `vectors`: chunk vectors added per model."""
+
     sources: list[SourceReport] = field(default_factory=list)
     embedded_chunks: int = 0
     deleted_chunks: int = 0
+    vectors: dict[str, int] = field(default_factory=dict)
     model_loaded: bool = False
+    interrupted: bool = False
+    fill_error: str | None = None
     seconds: float = 0.0
 
     @property
     def failed(self) -> bool:
-        return any(s.failed for s in self.sources)
+        return any(s.failed for s in self.sources) or self.fill_error is not None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -171,173 +181,196 @@ def url_origin(url: str) -> str:
     return f"{parts.scheme.lower()}://{(parts.hostname or '').lower()}:{port}"
 
 
-class _Applier:
-    """Holds the heavy parts (model, Chroma, pipeline), created on first need only.
+class StopRequested:
+    """A sync asked to stop (Ctrl-C, SIGTERM, a watcher shutting down): it ends after the batch in hand, with every
+    finished batch committed, and the next sync resumes there."""
 
-    `keep_hashes`: the records are stored note texts being re-embedded (doctor), so the manifest keeps each note's
-    source hash and the next sync sees no change.
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def set(self) -> None:
+        self._event.set()
+
+    def __bool__(self) -> bool:
+        return self._event.is_set()
+
+
+@contextmanager
+def stop_on_signals(stop: StopRequested) -> Iterator[None]:
+    """In the main thread, the first SIGINT/SIGTERM asks the sync to stop; a second SIGINT aborts at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def request(signum: int, frame: Any) -> None:
+        if stop and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        log.info("stop requested (signal %d): finishing the batch in hand", signum)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, request) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def fill_order(models: list[str]) -> list[str]:
+    """Dense models in the order their vectors are filled: the fast USE-m3 first, so meaning-search arrives soonest."""
+    return sorted(models, key=lambda m: m != FAST_EMBEDDING)
+
+
+class _Applier:
+    """Writes what changed in the order that makes notes searchable soonest.
+
+    1. `write_chunks`: chunk the added and changed notes and store chunk texts and BM25 tokens (no model needed);
+       their old vectors go. BM25 search covers them as soon as the keyword index is refreshed, seconds later.
+    2. `fill`: each dense model embeds the chunks of notes that lack its vectors, the fastest model first, in batches
+       of about two seconds, each committed. An interrupted sync resumes with the notes still lacking, and nothing
+       finished is embedded twice.
+
+    `keep_hashes`: the records are stored note texts being rebuilt (doctor), so each note keeps its source hash.
     """
 
     def __init__(self, settings: Settings, manifest: Manifest, report: SyncReport, progress: Progress,
-                 keep_hashes: bool = False):
+                 stop: StopRequested, keep_hashes: bool = False):
         self.settings = settings
         self.manifest = manifest
         self.report = report
         self.progress = progress
+        self.stop = stop
         self.keep_hashes = keep_hashes
-        self.model = settings.model_id
-        self.second = settings.models[1] if len(settings.models) > 1 else None
         self.chunker_id = chunker_id(settings.chunk_max_chars, settings.chunk_overlap)
-        self._index: Any = None
-        self._second_index: Any = None
-        self._second_embed: Any = None
-        self._pipeline: Any = None
+        self._client: Any = None
+        self._chunker: Any = None
 
     @property
-    def index(self) -> Any:
-        if self._index is None:
-            from rag_app.store import VectorIndex
+    def client(self) -> Any:
+        if self._client is None:
+            from rag_app.store import open_chroma
 
-            self._index = VectorIndex(self.settings, self.settings.embedding_model)
-        return self._index
+            self._client = open_chroma(self.settings)
+        return self._client
 
-    def _second_channel(self) -> tuple[Any, Any]:
-        """The second dense model's collection and encoder (USE-m3 by default: a cheap second opinion)."""
-        if self._second_index is None:
-            from rag_app.embeddings import load_embedding
-            from rag_app.store import VectorIndex
+    def _forget(self, note_ids: list[str], models: set[str]) -> None:
+        """Remove these notes' vectors from the collections of `models`."""
+        from rag_app.store import VectorIndex
 
-            self._second_index = VectorIndex(self.settings, str(self.second), client=self.index.client)
-            self._second_embed = load_embedding(str(self.second), self.settings)
-            self.report.model_loaded = True
-        return self._second_index, self._second_embed
-
-    def _add_second(self, nodes: list[Any]) -> None:
-        """Embed the same chunk texts with the second model into its own collection."""
-        if not self.second or not nodes:
-            return
-        index, embed = self._second_channel()
-        from llama_index.core.schema import MetadataMode
-
-        vectors = embed.get_text_embedding_batch([n.get_content(metadata_mode=MetadataMode.EMBED) for n in nodes])
-        copies = []
-        for node, vector in zip(nodes, vectors, strict=True):
-            copy = node.model_copy()
-            copy.embedding = vector
-            copies.append(copy)
-        index.vector_store().add(copies)
-
-    def add_second_only(self, records: list[NoteRecord]) -> None:
-        """Notes embedded before the second model was configured: add its vectors, keep the main ones."""
-        from llama_index.core.schema import NodeRelationship, RelatedNodeInfo, TextNode
-
-        from rag_app.pipeline import EMBED_KEYS
-
-        ids = [r.id for r in records]
-        for start in range(0, len(ids), 200):
-            batch = ids[start : start + 200]
-            index, _ = self._second_channel()
-            index.forget(batch)
-            nodes = []
-            for chunk_id, note_id, text, meta in self.manifest.chunks_for_notes(batch):
-                hidden = [k for k in meta if k not in EMBED_KEYS]
-                node = TextNode(id_=chunk_id, text=text, metadata=meta, excluded_embed_metadata_keys=hidden,
-                                excluded_llm_metadata_keys=hidden, metadata_template="{value}",
-                                metadata_separator="\n", text_template="{metadata_str}\n\n{content}")
-                node.relationships[NodeRelationship.SOURCE] = RelatedNodeInfo(node_id=note_id)
-                nodes.append(node)
-            self._add_second(nodes)
-            with self.manifest.transaction():
-                self.manifest.set_model(batch, self.model)
-            self.report.embedded_chunks += len(nodes)
-
-    def _get_pipeline(self) -> Any:
-        if self._pipeline is None:
-            from rag_app.embeddings import load_embedding
-            from rag_app.pipeline import MarkdownChunker, build_pipeline
-
-            embed_model = load_embedding(self.settings.embedding_model, self.settings)
-            embed_model.set_progress_hook(self.progress.advance)
-            self.report.model_loaded = True
-            chunker = MarkdownChunker(max_chars=self.settings.chunk_max_chars, overlap=self.settings.chunk_overlap)
-            self._pipeline = build_pipeline(chunker, embed_model, self.index.vector_store(), self.index.docstore())
-        return self._pipeline
+        for model in sorted(models):
+            VectorIndex(self.settings, model, client=self.client).forget(note_ids)
 
     def apply(self, source: str, plan: Plan) -> None:
-        if plan.second_only:
-            self.add_second_only(plan.second_only)
         if plan.to_embed:
-            self._embed(source, plan.to_embed)
+            self.write_chunks(source, plan.to_embed)
         if plan.deleted:
-            self._delete(plan.deleted)
+            self.delete(plan.deleted)
 
-    def _embed(self, source: str, records: list[NoteRecord]) -> None:
-        sizes = [len(chunk_markdown(r.text, self.settings.chunk_max_chars, self.settings.chunk_overlap)) or 1
-                 for r in records]
-        pipeline = self._get_pipeline()
-        self.progress.start(sum(sizes), f"embedding {source}")
-        batch: list[NoteRecord] = []
-        batch_chunks = 0
-        for record, size in zip(records, sizes, strict=True):
-            batch.append(record)
-            batch_chunks += size
-            if batch_chunks >= BATCH_CHUNKS:
-                self._embed_batch(source, pipeline, batch)
-                batch, batch_chunks = [], 0
-        if batch:
-            self._embed_batch(source, pipeline, batch)
-        self.index.persist()
+    def write_chunks(self, source: str, records: list[NoteRecord]) -> None:
+        """Chunk notes through an IngestionPipeline (chunker only) and commit chunk rows and tokens per batch."""
+        if self._chunker is None:
+            from rag_app.pipeline import chunking_pipeline
+
+            self._chunker = chunking_pipeline(self.settings.chunk_max_chars, self.settings.chunk_overlap)
+        self.progress.start(len(records), f"bm25 {source}")
+        for start in range(0, len(records), WRITE_BATCH_NOTES):
+            if self.stop:
+                break
+            batch = records[start : start + WRITE_BATCH_NOTES]
+            ids = [r.id for r in batch]
+            old = self.manifest.entries_for(ids)
+            stale = {m for e in old.values() for m in e.models}
+            if stale:
+                self._forget([i for i in ids if i in old], stale)
+            nodes = self._chunker.run(documents=[r.to_document() for r in batch])
+            by_note: dict[str, list[Any]] = {note_id: [] for note_id in ids}
+            for node in nodes:
+                by_note[node.ref_doc_id].append(node)
+            rows = []
+            with self.manifest.transaction():
+                self.manifest.delete_chunks_of(ids)
+                for record in batch:
+                    chunk_nodes = by_note[record.id]
+                    rows += [(n.id_, record.id, source, n.text, meta, tokenize(chunk_index_text(n.text, meta)))
+                             for n in chunk_nodes for meta in (_chunk_metadata(n.metadata),)]
+                    kept = old[record.id].hash if self.keep_hashes and record.id in old else None
+                    self.manifest.put_note(record, source, "", self.chunker_id, [n.id_ for n in chunk_nodes],
+                                           content_hash=kept)
+                self.manifest.put_chunks(rows)
+            self.report.embedded_chunks += len(rows)
+            self.report.deleted_chunks += sum(len(e.chunk_ids) for e in old.values())
+            self.progress.advance(len(batch))
         self.progress.close()
 
-    def _embed_batch(self, source: str, pipeline: Any, batch: list[NoteRecord]) -> None:
-        ids = [r.id for r in batch]
-        old = self.manifest.entries_for(ids)
-        self.index.forget(ids)
-        if self.second:
-            self._second_channel()[0].forget(ids)
-        nodes = pipeline.run(documents=[r.to_document() for r in batch], store_doc_text=False)
-        self._add_second(nodes)
-        by_note: dict[str, list[Any]] = {note_id: [] for note_id in ids}
-        for node in nodes:
-            by_note[node.ref_doc_id].append(node)
-        with self.manifest.transaction():
-            self.manifest.delete_chunks_of(ids)
-            rows = []
-            for record in batch:
-                chunk_nodes = by_note[record.id]
-                rows += [
-                    (n.id_, record.id, source, n.text, meta, tokenize(chunk_index_text(n.text, meta)))
-                    for n in chunk_nodes
-                    for meta in (_chunk_metadata(n.metadata),)
-                ]
-                kept = old[record.id].hash if self.keep_hashes and record.id in old else None
-                self.manifest.put_note(record, source, self.model, self.chunker_id, [n.id_ for n in chunk_nodes],
-                                       content_hash=kept)
-            self.manifest.put_chunks(rows)
-        self.index.mark_written()
-        self.report.embedded_chunks += len(nodes)
-        self.report.deleted_chunks += sum(len(e.chunk_ids) for e in old.values())
-
-    def _delete(self, note_ids: list[str]) -> None:
+    def delete(self, note_ids: list[str]) -> None:
         entries = self.manifest.entries_for(note_ids)
-        self.index.forget(note_ids)
-        if self.second:
-            self._second_channel()[0].forget(note_ids)
+        models = {m for e in entries.values() for m in e.models}
+        if models:
+            self._forget(note_ids, models)
         with self.manifest.transaction():
             self.manifest.delete_notes(note_ids)
-        self.index.persist()
         self.report.deleted_chunks += sum(len(e.chunk_ids) for e in entries.values())
 
-    def finish(self) -> None:
-        """Drop collections of models no note uses any more (after a completed model switch)."""
-        if self._index is None:
-            return
-        from rag_app.store import drop_unused_collections
+    def fill(self) -> None:
+        """Give every note the vectors of every configured model it lacks, the fastest model first."""
+        for model in fill_order(self.settings.models):
+            if self.stop:
+                return
+            self._fill(model)
 
-        in_use = self.manifest.models_in_use() | set(self.settings.models)
-        dropped = drop_unused_collections(self.settings, self.index.client, in_use)
-        for name in dropped:
-            log.info("dropped collection %s (no note uses its model any more)", name)
+    def _fill(self, model: str) -> None:
+        lacking = self.manifest.notes_lacking(model)
+        if not lacking:
+            return
+        from rag_app.embeddings import load_embedding
+        from rag_app.pipeline import embedding_pipeline, nodes_from_rows
+        from rag_app.store import VectorIndex
+
+        sizes = self.manifest.chunk_counts(lacking)
+        total = sum(sizes.values())
+        index = VectorIndex(self.settings, model, client=self.client)
+        embed = load_embedding(model, self.settings)
+        self.report.model_loaded = True
+        pipeline = embedding_pipeline(embed, index.vector_store())
+        self.progress.start(total, model)
+        batch_chunks, done, started = FIRST_FILL_BATCH, 0, time.monotonic()
+        queue = list(lacking)
+        while queue and not self.stop:
+            batch: list[str] = []
+            chunks = 0
+            while queue and (not batch or chunks + sizes[queue[0]] <= batch_chunks):
+                chunks += sizes[queue[0]]
+                batch.append(queue.pop(0))
+            batch_started = time.monotonic()
+            index.forget(batch)  # vectors a crashed run added but never recorded
+            nodes = nodes_from_rows(self.manifest.chunks_for_notes(batch))
+            pipeline.run(nodes=nodes)
+            with self.manifest.transaction():
+                self.manifest.add_model(batch, model)
+            done += len(nodes)
+            self.report.vectors[model] = self.report.vectors.get(model, 0) + len(nodes)
+            self.progress.advance(len(nodes))
+            rate = len(nodes) / max(time.monotonic() - batch_started, 1e-3)
+            batch_chunks = max(MIN_FILL_BATCH, min(MAX_FILL_BATCH, int(rate * FILL_BATCH_SECONDS)))
+        if done:
+            self.manifest.set_meta(f"fill_rate:{model}", f"{done / max(time.monotonic() - started, 1e-3):.3f}")
+        self.progress.close()
+
+    def finish(self) -> None:
+        """Once every note has every configured model's vectors, drop the other models' collections (a model switch
+        keeps the old vectors until the new ones are complete)."""
+        configured = set(self.settings.models)
+        extra = self.manifest.models_in_use() - configured
+        if self.stop or any(self.manifest.notes_lacking(m, limit=1) for m in configured):
+            return
+        if extra:
+            with self.manifest.transaction():
+                self.manifest.keep_only_models(configured)
+        if extra or self._client is not None:
+            from rag_app.store import drop_unused_collections
+
+            for name in drop_unused_collections(self.settings, self.client, configured):
+                log.info("dropped collection %s (no note uses its model any more)", name)
 
 
 def _widen_search_beam(settings: Settings, manifest: Manifest) -> None:
@@ -435,20 +468,39 @@ def refresh_keyword_index(settings: Settings, manifest: Manifest, force: bool = 
         return False
     index = KeywordIndex.build(load_keyword_rows(manifest, persist=True))
     index.save(directory, stamp)
+    manifest.set_meta("bm25_saved", json.dumps({"stamp": stamp, "chunks": len(index.ids)}))
     return True
+
+
+def channel_progress(settings: Settings, manifest: Manifest) -> dict[str, dict[str, Any]]:
+    """How far each search channel has come: chunks it covers, complete or not, and (dense models) time left at the
+    rate the last fill measured."""
+    total, per_model = manifest.channel_counts()
+    saved = json.loads(manifest.get_meta("bm25_saved") or "{}")
+    bm25_current = saved.get("stamp") == keyword_stamp(manifest) and (settings.home / "bm25").exists()
+    channels: dict[str, dict[str, Any]] = {"bm25": {"chunks": total if bm25_current else int(saved.get("chunks", 0)),
+                                                    "complete": bool(bm25_current)}}
+    for model in fill_order(settings.models):
+        done = per_model.get(model, 0)
+        rate = float(manifest.get_meta(f"fill_rate:{model}") or 0)
+        left = total - done
+        channels[model] = {"chunks": done, "complete": left == 0,
+                           "seconds_left": 0 if left == 0 else round(left / rate) if rate else None}
+    return channels
 
 
 def reembed_stored(
     settings: Settings, manifest: Manifest, records: dict[str, list[NoteRecord]], progress: Progress | None = None
 ) -> SyncReport:
-    """Embed notes again from their stored text (source → records), in the same batches a sync uses.
+    """Chunk and embed notes again from their stored text (source → records), as a sync would.
 
     For `brain doctor --repair`: no source is read. The caller holds the SyncLock and rebuilds BM25 afterwards.
     """
     report = SyncReport()
-    applier = _Applier(settings, manifest, report, progress or NoProgress(), keep_hashes=True)
+    applier = _Applier(settings, manifest, report, progress or NoProgress(), StopRequested(), keep_hashes=True)
     for source, batch in records.items():
-        applier._embed(source, batch)
+        applier.write_chunks(source, batch)
+    applier.fill()
     applier.finish()
     return report
 
@@ -491,30 +543,67 @@ def sync_sources(
     specs: list[SourceSpec],
     progress: Progress | None = None,
     on_source: Callable[[SourceReport], None] | None = None,
+    stop: StopRequested | None = None,
 ) -> SyncReport:
-    """Sync the given sources (and only those) into the index under `settings.home`."""
+    """Sync the given sources (and only those) into the index under `settings.home`.
+
+    Every source is listed and its changes chunked first, then BM25 is saved (keyword search covers every note), then
+    the dense models fill in their vectors. `stop` (or, in the main thread, Ctrl-C / SIGTERM) ends it early: what is
+    committed stays searchable, and the next sync resumes."""
     started = time.monotonic()
     report = SyncReport()
     progress = progress or NoProgress()
-    with SyncLock(settings.home, settings.lock_wait_seconds):
+    stop = stop if stop is not None else StopRequested()
+    with SyncLock(settings.home, settings.lock_wait_seconds), stop_on_signals(stop):
         manifest = Manifest(settings.manifest_path)
         try:
             if not manifest.counts() and manifest.get_meta("tokenizer_version") is None:
                 manifest.set_meta("tokenizer_version", TOKENIZER_VERSION)  # a new home: its tokens are all current
             _namespace_memo_ids(settings, manifest)
-            applier = _Applier(settings, manifest, report, progress)
+            applier = _Applier(settings, manifest, report, progress, stop)
             for spec in specs:
+                if stop:
+                    break
                 source_report = _sync_one(spec, manifest, applier)
                 report.sources.append(source_report)
                 if on_source:
                     on_source(source_report)
-            applier.finish()
             refresh_keyword_index(settings, manifest)
+            try:
+                applier.fill()
+            except Exception as exc:  # a model or store failure: the chunks are searchable, the rest is retried
+                report.fill_error = _one_line(exc)
+                log.error("filling vectors failed: %s", report.fill_error)
+            applier.finish()
             _widen_search_beam(settings, manifest)
         finally:
             manifest.close()
+    report.interrupted = bool(stop)
     report.seconds = time.monotonic() - started
     return report
+
+
+def remove_source(settings: Settings, name: str) -> int:
+    """Drop a source, its notes' chunks and vectors, under the lock; returns how many notes went. The generic token's
+    binding goes with the last source of its server."""
+    with SyncLock(settings.home, settings.lock_wait_seconds):
+        manifest = Manifest(settings.manifest_path)
+        try:
+            if name not in manifest.sources():
+                raise ConfigError(f"unknown source {name!r}; known: {sorted(manifest.sources()) or 'none'}")
+            note_ids = sorted(manifest.entries(name))
+            applier = _Applier(settings, manifest, SyncReport(), NoProgress(), StopRequested())
+            applier.delete(note_ids)
+            with manifest.transaction():
+                manifest.delete_source(name)
+                servers = {url_origin(str(row["spec"].get("url"))) for row in manifest.sources().values()
+                           if row["kind"] == "memos"}
+                if manifest.get_meta(TOKEN_ORIGIN) not in servers:
+                    manifest.delete_meta(TOKEN_ORIGIN)
+            refresh_keyword_index(settings, manifest)
+        finally:
+            manifest.close()
+    return len(note_ids)
 
 
 def _sync_one(spec: SourceSpec, manifest: Manifest, applier: _Applier) -> SourceReport:
@@ -535,11 +624,11 @@ def _sync_one(spec: SourceSpec, manifest: Manifest, applier: _Applier) -> Source
     result.skipped = listing.skipped
     for warning in listing.warnings:
         log.warning("%s: %s", spec.name, warning)
-    plan = make_plan(manifest.entries(spec.name), listing.records, listing.kept_ids, applier.model, applier.chunker_id,
+    plan = make_plan(manifest.entries(spec.name), listing.records, listing.kept_ids, applier.chunker_id,
                      unchanged_ids=listing.unchanged_ids)
     _backfill_docs(manifest, spec.name, listing.records, plan)
     result.added, result.updated = len(plan.added), len(plan.changed)
-    result.deleted, result.unchanged = len(plan.deleted), plan.unchanged + len(plan.second_only)
+    result.deleted, result.unchanged = len(plan.deleted), plan.unchanged
     try:
         applier.apply(spec.name, plan)
     except Exception as exc:  # a store/model failure part-way: finished batches are committed, the rest retried
@@ -558,7 +647,7 @@ def _known_files(spec: SourceSpec, manifest: Manifest, applier: _Applier) -> dic
     """Vault files whose bytes, if they still match, need no parsing (see `Manifest.trusted_signatures`)."""
     if spec.kind != "vault":
         return {}
-    return manifest.trusted_signatures(spec.name, applier.model, applier.chunker_id)
+    return manifest.trusted_signatures(spec.name, applier.chunker_id)
 
 
 def _remember_files(spec: SourceSpec, manifest: Manifest, listing: SourceListing) -> None:

@@ -199,15 +199,17 @@ def test_vault_that_disappears_fails_that_source_and_keeps_its_notes(home, make_
     assert Brain(home).status()["sources"][0]["last_result"]["failed"] is True
 
 
-def test_model_change_reembeds_everything_into_a_new_collection_and_drops_the_old(home, make_vault):
+def test_model_change_fills_a_new_collection_and_drops_the_old_once_complete(home, make_vault):
     vault = make_vault(NOTES)
     Brain(home).sync(vaults=(str(vault),))
-    (home / "config.toml").write_text('[embedding]\nmodel = "e5-small"\n', encoding="utf-8")
+    chunks = manifest_chunk_ids(home)
+    (home / "config.toml").write_text('[embedding]\nmodel = "e5-small"\nsecond_model = ""\n', encoding="utf-8")
     report = Brain(home).sync(vaults=(str(vault),))
-    assert (report.sources[0].updated, report.sources[0].unchanged) == (3, 0)
+    assert (report.sources[0].updated, report.sources[0].unchanged) == (0, 3)  # the notes did not change
+    assert (report.embedded_chunks, report.vectors) == (0, {"e5-small": len(chunks)})
     client = chromadb.PersistentClient(path=str(home / "chroma"))
-    assert {c.name for c in client.list_collections()} == {collection_name("e5-small"), collection_name("use-m3")}
-    assert chroma_ids(home, "e5-small") == manifest_chunk_ids(home) == chroma_ids(home, "use-m3")
+    assert {c.name for c in client.list_collections()} == {collection_name("e5-small")}
+    assert chroma_ids(home, "e5-small") == manifest_chunk_ids(home) == chunks
 
 
 def test_adding_the_second_model_embeds_only_with_it(home, make_vault):
@@ -218,9 +220,10 @@ def test_adding_the_second_model_embeds_only_with_it(home, make_vault):
     (home / "config.toml").write_text('[embedding]\nmodel = "e5-small"\n', encoding="utf-8")
     report = Brain(home).sync(vaults=(str(vault),))
     assert (report.sources[0].updated, report.sources[0].unchanged) == (0, 3)
-    assert report.embedded_chunks == len(manifest_chunk_ids(home))
+    assert (report.embedded_chunks, report.vectors) == (0, {"use-m3": len(manifest_chunk_ids(home))})
     assert chroma_ids(home, "use-m3") == chroma_ids(home, "e5-small") == manifest_chunk_ids(home)
-    assert Brain(home).sync(vaults=(str(vault),)).embedded_chunks == 0
+    again = Brain(home).sync(vaults=(str(vault),))
+    assert (again.embedded_chunks, again.vectors, again.model_loaded) == (0, {}, False)
 
 
 def test_chunk_size_change_rechunks_every_note(home, make_vault):
@@ -261,29 +264,42 @@ def test_concurrent_syncs_in_threads_never_corrupt(home, make_vault):
     assert Brain(home).status()["notes"] == 20
 
 
-def test_interrupted_first_sync_resumes_where_it_stopped(home, make_vault, monkeypatch):
-    """Batches commit as they finish: after a crash, the next run embeds only the rest."""
+def test_a_stopped_first_sync_keeps_its_batches_and_the_next_resumes_without_redoing_them(home, make_vault,
+                                                                                           monkeypatch):
+    """A stop request (Ctrl-C, SIGTERM) ends the fill after the batch in hand: BM25 already covers every note, the
+    finished vectors stay, and the next run embeds only the rest; the result equals a one-pass index."""
     import rag_app.sync as sync_module
+    from rag_app.sync import StopRequested
 
     vault = make_vault({f"n{i:02d}.md": f"# Note {i}\n\n" + ("text " * 20) for i in range(12)})
-    monkeypatch.setattr(sync_module, "BATCH_CHUNKS", 4)
-    calls = {"n": 0}
-    original = sync_module._Applier._embed_batch
+    monkeypatch.setattr(sync_module, "FIRST_FILL_BATCH", 4)
+    monkeypatch.setattr(sync_module, "MIN_FILL_BATCH", 4)
+    monkeypatch.setattr(sync_module, "MAX_FILL_BATCH", 4)
+    stop = StopRequested()
+    batches = {"n": 0}
+    original = sync_module.Manifest.add_model
 
-    def crash_on_third(self, source, pipeline, batch):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt
-        return original(self, source, pipeline, batch)
+    def stop_after_two_batches(self, note_ids, model):
+        original(self, note_ids, model)
+        batches["n"] += 1
+        if batches["n"] == 2:
+            stop.set()
 
-    monkeypatch.setattr(sync_module._Applier, "_embed_batch", crash_on_third)
-    with pytest.raises(KeyboardInterrupt):
-        Brain(home).sync(vaults=(str(vault),))
-    monkeypatch.setattr(sync_module._Applier, "_embed_batch", original)
-    report = Brain(home).sync(vaults=(str(vault),))
-    assert (report.sources[0].added, report.sources[0].unchanged) == (4, 8)
-    assert chroma_ids(home) == manifest_chunk_ids(home)
-    assert len(chroma_ids(home)) == 12
+    monkeypatch.setattr(sync_module.Manifest, "add_model", stop_after_two_batches)
+    first = Brain(home).sync(vaults=(str(vault),), stop=stop)
+    assert first.interrupted
+    assert (first.sources[0].added, first.embedded_chunks, first.vectors) == (12, 12, {"use-m3": 8})
+    assert len(chroma_ids(home)) == 8 and len(manifest_chunk_ids(home)) == 12
+    assert [r["note_id"] for r in Brain(home).search("Note 11", k=1, mode="bm25").results] == ["vault:notes/n11.md"]
+    status = Brain(home).status()["channels"]
+    assert status["bm25"] == {"chunks": 12, "complete": True}
+    assert (status["use-m3"]["chunks"], status["use-m3"]["complete"]) == (8, False)
+
+    second = Brain(home).sync(vaults=(str(vault),))
+    assert (second.interrupted, second.sources[0].unchanged, second.embedded_chunks, second.vectors) == (
+        False, 12, 0, {"use-m3": 4})
+    assert chroma_ids(home) == manifest_chunk_ids(home) and len(chroma_ids(home)) == 12
+    assert Brain(home).status()["channels"]["use-m3"] == {"chunks": 12, "complete": True, "seconds_left": 0}
 
 
 # ---- Memos ---------------------------------------------------------------------------------------
