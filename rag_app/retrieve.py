@@ -110,7 +110,7 @@ class SearchIndex:
             if model not in self._embeds:
                 from rag_app.embeddings import load_embedding
 
-                self._embeds[model] = load_embedding(model)
+                self._embeds[model] = load_embedding(model, self.settings)
             started = time.perf_counter()
             self._query_vectors[key] = self._embeds[model].get_query_embedding(text)
             self.timing.embed_ms += (time.perf_counter() - started) * 1000
