@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -89,3 +89,44 @@ def sample_brain(sample_home: Path, monkeypatch: pytest.MonkeyPatch):
     brain = Brain(sample_home)
     yield brain
     brain.close()
+
+
+def remove_tree(top: Path) -> None:
+    """Delete a folder tree of any depth, bottom-up through folder handles (no recursion, no long paths)."""
+    stack = [(os.open(top, os.O_RDONLY | os.O_DIRECTORY), "")]
+    while stack:
+        fd, name = stack[-1]
+        child = None
+        for entry in os.scandir(fd):
+            if entry.is_dir(follow_symlinks=False):
+                child = entry.name
+                break
+            os.unlink(entry.name, dir_fd=fd)
+        if child is not None:
+            stack.append((os.open(child, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd), child))
+            continue
+        stack.pop()
+        os.close(fd)
+        if stack:
+            os.rmdir(name, dir_fd=stack[-1][0])
+    os.rmdir(top)
+
+
+@pytest.fixture
+def deep_folder() -> Iterator[Callable[[Path, int], Path]]:
+    """`deep_folder(root, 1100)` makes root/d/d/.../d and returns the deepest; removed afterwards without recursion,
+    because pathlib, os.makedirs and shutil.rmtree (pytest's own temp cleanup) recurse once per level."""
+    made: list[Path] = []
+
+    def make(root: Path, depth: int) -> Path:
+        path = str(root)
+        made.append(Path(root, "d"))
+        for _ in range(depth):
+            path += "/d"
+            os.mkdir(path)
+        return Path(path)
+
+    yield make
+    for top in made:
+        if top.exists():
+            remove_tree(top)

@@ -5,12 +5,17 @@ Finer-grained reader cases live in tests/readers; here every case goes through `
 
 from __future__ import annotations
 
+import json
 import os
+import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from rag_app.engine import Brain
+from tests.conftest import REPO
 from tests.doubles.openai_server import OpenAIDouble
 
 GOOD = {"good/one.md": "# One\n\nA perfectly normal note about gardening.", "good/two.md": "# Two\n\n普通的笔记。"}
@@ -100,3 +105,67 @@ def test_hostile_note_cannot_change_what_ask_does(home, make_vault, monkeypatch)
     assert "sk-never-shown-0000" not in user + str(response.to_dict())
     assert [c["n"] for c in response.citations] == list(range(1, len(response.citations) + 1))
     assert all(c["note_id"].startswith("vault:notes/") for c in response.citations)
+
+
+def billion_laughs(levels: int = 9) -> str:
+    """The classic ~380-byte alias bomb (9**levels strings once expanded) used as a note's title, tags and aliases."""
+    names = "abcdefghi"[:levels]
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for prev, name in zip(names, names[1:], strict=False):
+        lines.append(f"{name}: &{name} [" + ",".join([f"*{prev}"] * 9) + "]")
+    lines += [f"{key}: *{names[-1]}" for key in ("title", "tags", "aliases")]
+    return "---\n" + "\n".join(lines) + "\n---\n# Laughs\n\nstill here"
+
+
+def bounded_sync(home: Path, vault: Path, cpu_seconds: int, address_space: int) -> tuple[int, dict, str, float, int]:
+    """A real `brain sync` process under hard CPU and address-space limits (so a regression fails instead of eating
+    the machine): (exit code, JSON report, stderr, CPU seconds, peak RSS in KB), measured by wait4 for this child."""
+
+    def limits() -> None:
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
+        resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+
+    out_path, err_path = home / "stdout.json", home / "stderr.txt"
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        process = subprocess.Popen(
+            [str(Path(sys.executable).parent / "brain"), "--home", str(home), "sync", "--vault", str(vault), "--json",
+             "--no-progress"], stdout=out, stderr=err, cwd=REPO, preexec_fn=limits)
+        _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    stdout = out_path.read_text(encoding="utf-8")
+    report = json.loads(stdout) if stdout.strip() else {}
+    return (process.returncode, report, err_path.read_text(encoding="utf-8"), usage.ru_utime + usage.ru_stime,
+            usage.ru_maxrss)
+
+
+def test_a_yaml_alias_bomb_is_refused_within_measured_cpu_and_memory(home, make_vault):
+    """Issue 13 #12: 382 bytes of frontmatter took 67 s of CPU, then MemoryError (a 730 MB home with 7 levels).
+    Now the frontmatter is dropped with a warning naming the file, the body is indexed, and the whole sync process
+    stays within a normal sync's CPU time and memory."""
+    bomb = billion_laughs()
+    assert len(bomb.encode()) < 450
+    vault = make_vault({**GOOD, "bomb.md": bomb})
+    code, report, stderr, cpu, peak_kb = bounded_sync(home, vault, cpu_seconds=90, address_space=6 * 1024**3)
+    assert code == 0, stderr[-2000:]
+    source = report["sources"][0]
+    assert any(w.startswith("bomb.md: frontmatter refused: its aliases expand it") for w in source["warnings"])
+    assert source["added"] == 3
+    assert cpu < 45, f"{cpu:.1f} s of CPU"
+    assert peak_kb < 1_200_000, f"peak RSS {peak_kb // 1024} MB"
+    home_bytes = sum(p.stat().st_size for p in home.rglob("*") if p.is_file())
+    assert home_bytes < 50 * 1024 * 1024, f"home of {home_bytes // 1024} KB"
+    hit = Brain(home).search("still here", 3, mode="bm25").results[0]
+    assert (hit["path"], hit["title"]) == ("bomb.md", "Laughs")
+    assert len(json.dumps(hit)) < 5_000
+
+
+def test_a_folder_nested_1100_deep_is_named_and_the_rest_of_the_vault_indexes(home, make_vault, deep_folder):
+    """Issue 13 #13: the walk used to recurse and fail the whole vault with a RecursionError naming nothing."""
+    vault = make_vault(GOOD)
+    (deep_folder(vault, 1100) / "bottom.md").write_text("# Bottom\n\nunreachable", encoding="utf-8")
+    Path(vault, "d", "d", "shallow.md").write_text("# Shallow\n\nreachable", encoding="utf-8")
+    source = Brain(home).sync(vaults=(str(vault),)).sources[0]
+    assert not source.failed, source.error
+    capped = "/".join(["d"] * 65)
+    assert source.warnings == [f"{capped}: folder nested deeper than 64 levels; skipped"]
+    assert Brain(home).status()["notes"] == 3

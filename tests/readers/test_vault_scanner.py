@@ -605,15 +605,13 @@ def test_a_signature_covers_the_parsing_code(monkeypatch: pytest.MonkeyPatch, tm
 # --- deep folders -------------------------------------------------------------------------------------------------
 
 
-def test_a_folder_nested_1100_deep_is_cut_at_the_cap_and_the_rest_lists(make_vault: MakeVault) -> None:
+def test_a_folder_nested_1100_deep_is_cut_at_the_cap_and_the_rest_lists(
+    make_vault: MakeVault, deep_folder: Callable[[Path, int], Path]
+) -> None:
     """No recursion: the walk neither overflows nor fails; notes down to the cap are listed, the folder below is
     named in a warning."""
     root = make_vault({"top.md": "top", "z/after.md": "after"})
-    deep = str(root)
-    for _ in range(1100):  # one level at a time: pathlib's and os.makedirs's own recursion overflow here
-        deep += "/d"
-        os.mkdir(deep)
-    Path(deep, "bottom.md").write_text("bottom", encoding="utf-8")
+    (deep_folder(root, 1100) / "bottom.md").write_text("bottom", encoding="utf-8")
     (root.joinpath(*["d"] * MAX_FOLDER_DEPTH) / "at-cap.md").write_text("at cap", encoding="utf-8")
     listing = scan(root)
     at_cap = "/".join(["d"] * MAX_FOLDER_DEPTH) + "/at-cap.md"
