@@ -34,7 +34,10 @@ MAX_DATE_CHARS = 32
 MAX_NOTE_ID_CHARS = 1_024
 NOTE_CHARS = 20_000
 PASSAGE_CHARS = 1_000
-MAX_LINKS = 50
+MAX_LINKS = 50  # the most items of any list in a reply (links, backlinks, tags, aliases, results' tags, ...)
+FIELD_CHARS = 2_000  # the longest string in a reply besides a note's text
+MAX_REPLY_BYTES = 256_000  # one reply, whatever the notes hold; beyond it `reply_capped` says what was cut
+MAX_CUT_PATHS = 20
 RELATED_K = 8
 RESULT_KEYS = ("note_id", "title", "source", "kind", "path", "memo_id", "url", "visibility", "score", "excerpt",
                "tags", "created", "updated", "duplicates")
@@ -114,19 +117,17 @@ class BrainTools:
     def get_note(self, note_id: NoteId) -> dict[str, Any]:
         """Read one note in full, with its metadata, tags, dates, outgoing links and backlinks.
 
-        The text is capped at 20,000 characters (`truncated` and `chars` say when it was cut). Use it after
-        search_notes when an excerpt is not enough.
+        The text is capped at 20,000 characters (`truncated` and `chars` say when it was cut), lists at 50 items
+        (`<list>_total` gives the full count). Use it after search_notes when an excerpt is not enough.
         """
-        note = self.brain.get_note(_note_id(note_id), max_chars=NOTE_CHARS, audience=AUDIENCE)
-        return _cap_lists(note, ("links", "backlinks", "broken_links"))
+        return self.brain.get_note(_note_id(note_id), max_chars=NOTE_CHARS, audience=AUDIENCE)
 
     def related_notes(self, note_id: NoteId) -> dict[str, Any]:
         """Notes around one note: those it links to, those linking to it, then the nearest ones in meaning.
 
         Use it to explore from a note found by search_notes (a project's other notes, earlier thoughts on it).
         """
-        related = self.brain.related(_note_id(note_id), k=RELATED_K, audience=AUDIENCE)
-        return _cap_lists(related, ("links", "broken_links"))
+        return self.brain.related(_note_id(note_id), k=RELATED_K, audience=AUDIENCE)
 
     def brain_status(self) -> dict[str, Any]:
         """What the notes index holds: note and chunk counts per source (vault or Memos), when each source
@@ -162,9 +163,9 @@ class BrainTools:
             unknown = sorted(set(arguments) - set(inspect.signature(method).parameters))
             if unknown:
                 raise ToolCallError(f"unknown argument(s): {', '.join(a[:40] for a in unknown[:5])}")
-            return ToolReply(_json(method(**arguments)), False)
+            return ToolReply(capped_json(method(**arguments)), False)
         except (ToolCallError, SearchError, NoteNotFound, ConfigError) as exc:
-            return ToolReply(_json({"error": str(exc), "tool": name}), True)
+            return ToolReply(capped_json({"error": str(exc), "tool": name}), True)
         except Exception:  # the agent gets one line; the traceback goes to brain.log
             log.exception("tool %s failed", name)
             return ToolReply(_json({"error": "internal error in the notes index (details in brain.log)",
@@ -255,11 +256,73 @@ def _result(result: dict[str, Any]) -> dict[str, Any]:
     return shaped
 
 
-def _cap_lists(data: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
-    """A hub note can have thousands of backlinks: keep the first MAX_LINKS of each list and say how many."""
-    for key in keys:
-        items = data.get(key) or []
-        if len(items) > MAX_LINKS:
-            data[key] = items[:MAX_LINKS]
-            data[f"{key}_total"] = len(items)
-    return data
+def capped_json(data: dict[str, Any], limit: int = MAX_REPLY_BYTES) -> str:
+    """The reply as JSON of at most `limit` UTF-8 bytes, whatever a (hostile) note holds.
+
+    Every list keeps MAX_LINKS items (`<key>_total` gives the full count) and every string FIELD_CHARS characters
+    (a note's `text` NOTE_CHARS); if the reply is still too big, the largest parts are cut from their end (the last
+    search results first). `reply_capped` lists what was cut, beside the lists' totals."""
+    cut: list[str] = []  # the reply's own cuts first (they matter most), then the strings over FIELD_CHARS
+    capped: list[str] = []
+    shaped = _bounded(data, "", capped)
+    room = limit - 100 - MAX_CUT_PATHS * (FIELD_CHARS // 10)  # what `reply_capped` itself may take
+    size = _size(shaped)
+    while size > room:
+        _shrink(shaped, size - room, "", cut)
+        size, before = _size(shaped), size
+        if size >= before:  # nothing left to cut but keys: say so rather than send it
+            shaped = {"error": "the reply was too large to send", "tool_reply_bytes": before}
+            break
+    cut += capped
+    if cut:
+        shaped["reply_capped"] = {"limit_bytes": limit, "cuts": len(cut),
+                                  "cut": [where[:FIELD_CHARS // 10] for where in cut[:MAX_CUT_PATHS]]}
+    return _json(shaped)
+
+
+def _size(value: Any) -> int:
+    return len(_json(value).encode())
+
+
+def _bounded(value: Any, path: str, cut: list[str]) -> Any:
+    """A copy with every list and string within its cap; `<key>_total` beside a list that was cut."""
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            key = str(key)[:FIELD_CHARS]
+            if isinstance(item, list | tuple) and len(item) > MAX_LINKS:
+                out[f"{key}_total"] = len(item)
+            out[key] = _bounded(item, f"{path}.{key}" if path else key, cut)
+        return out
+    if isinstance(value, list | tuple):
+        return [_bounded(item, f"{path}[{n}]", cut) for n, item in enumerate(value[:MAX_LINKS])]
+    if isinstance(value, str):
+        limit = NOTE_CHARS if path == "text" else FIELD_CHARS
+        if len(value) > limit:
+            cut.append(path)
+            return value[:limit] + "…"
+    return value
+
+
+def _shrink(node: Any, excess: int, path: str, cut: list[str]) -> None:
+    """Take about `excess` bytes from the end of the largest list or string under `node` (descending into the
+    largest child): the last search results go first, then the longest texts."""
+    entries = node.items() if isinstance(node, dict) else enumerate(node)
+    sizes = {key: _size(child) for key, child in entries if isinstance(child, dict | list | str)}
+    if not sizes:
+        return
+    key = max(sizes, key=sizes.__getitem__)
+    child = node[key]
+    where = f"{path}[{key}]" if isinstance(node, list) else f"{path}.{key}" if path else str(key)
+    if isinstance(child, str):
+        node[key] = child[: max(0, len(child) - excess - 1)] + "…"
+        cut.append(where)
+    elif isinstance(child, list) and len(child) > 1:
+        keep, size = len(child), sizes[key]
+        while keep > 1 and size > sizes[key] - excess:
+            keep -= 1
+            size -= _size(child[keep]) + 1
+        del child[keep:]
+        cut.append(f"{where}[{keep}:]")
+    else:
+        _shrink(child, excess, where, cut)

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from rag_app.engine import Brain, ConfigError
 from tools.function_tools import TOOL_NAMES, BrainTools
 
-__all__ = ["TOKEN_ENV", "BearerGuard", "build_server", "run_http", "run_stdio"]
+__all__ = ["TOKEN_ENV", "BearerGuard", "build_server", "check_token", "run_http", "run_stdio"]
 
 TOKEN_ENV = "BRAIN_MCP_TOKEN"
 MIN_TOKEN_CHARS = 16
@@ -68,17 +68,27 @@ def run_http(home: Brain | str | os.PathLike[str] | None, host: str = "127.0.0.1
     """
     import uvicorn
 
-    token = token or os.environ.get(TOKEN_ENV) or ""
-    if not token:
-        raise ConfigError(f"MCP over HTTP needs a bearer token: set {TOKEN_ENV} (e.g. to `openssl rand -hex 24`)")
-    if len(token) < MIN_TOKEN_CHARS:
-        raise ConfigError(f"{TOKEN_ENV} is too short to guard your notes: use at least {MIN_TOKEN_CHARS} characters")
+    token = check_token(token or os.environ.get(TOKEN_ENV) or "")
     server = build_server(home)
     app = BearerGuard(server.streamable_http_app(host=host), token)
     shown = f"[{host}]" if ":" in host else host
     print(f"brain mcp: serving http://{shown}:{port}/mcp (Authorization: Bearer ${TOKEN_ENV})", file=sys.stderr,
           flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+def check_token(token: str) -> str:
+    """A token guards every note: refuse one that is easy to guess (short, blank) or that no client could send
+    (surrounding blanks are stripped from HTTP headers; control and non-ASCII characters are not sendable)."""
+    hint = "e.g. `export BRAIN_MCP_TOKEN=$(openssl rand -hex 24)`"
+    if not token.strip():
+        raise ConfigError(f"MCP over HTTP needs a bearer token: set {TOKEN_ENV} ({hint})")
+    if token != token.strip() or not (token.isascii() and token.isprintable()):
+        raise ConfigError(f"{TOKEN_ENV} must be printable ASCII without leading or trailing blanks ({hint})")
+    if len("".join(token.split())) < MIN_TOKEN_CHARS:
+        raise ConfigError(f"{TOKEN_ENV} is too short to guard your notes: use at least {MIN_TOKEN_CHARS} "
+                          f"non-blank characters ({hint})")
+    return token
 
 
 class BearerGuard:

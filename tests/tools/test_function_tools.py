@@ -14,7 +14,7 @@ from llama_index.llms.openai_like import OpenAILike
 from rag_app.engine import Brain
 from tests.doubles.memos_server import MemosDouble
 from tests.doubles.openai_server import OpenAIDouble
-from tools.function_tools import TOOL_NAMES, BrainTools, brain_tools
+from tools.function_tools import MAX_LINKS, MAX_REPLY_BYTES, TOOL_NAMES, BrainTools, brain_tools, capped_json
 
 
 @pytest.fixture(scope="module")
@@ -88,9 +88,11 @@ def test_outputs_are_capped_and_point_back_to_the_note(sample_tools):
 def test_private_memos_stay_hidden_from_agents_unless_allowed(home: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("CFLOW_API_TOKEN", "memos_pat_test")
     with MemosDouble(mode="head") as double:
-        private = "memos:" + double.add_memo("私人日记：牙医说智齿要拔，费用三千。#健康", visibility="PRIVATE")
-        public = "memos:" + double.add_memo("牙医诊所周六也营业，地址在公司楼下。#生活", visibility="PUBLIC")
+        double.add_memo("私人日记：牙医说智齿要拔，费用三千。#健康", visibility="PRIVATE")
+        double.add_memo("牙医诊所周六也营业，地址在公司楼下。#生活", visibility="PUBLIC")
         assert not Brain(home).sync(memos=(double.url,)).failed
+    ids = {hit["visibility"]: hit["note_id"] for hit in Brain(home).search("牙医", 5).results}
+    private, public = ids["PRIVATE"], ids["PUBLIC"]
 
     def agent_view() -> tuple[set[str], dict, dict]:
         tools = BrainTools(Brain(home))
@@ -109,3 +111,42 @@ def test_private_memos_stay_hidden_from_agents_unless_allowed(home: Path, monkey
     seen, note, _ = agent_view()
     assert seen == {public, private}
     assert "智齿" in note["text"]
+
+
+def test_a_hostile_note_with_huge_metadata_lists_gets_a_bounded_reply(home: Path, make_vault):
+    tags = [f"tag{i:05d}-{'x' * 30}" for i in range(20_000)]
+    aliases = [f"别名{i}" * 20 for i in range(5_000)]
+    hub = "---\ntitle: hub\ntags: [" + ", ".join(tags) + "]\naliases: [" + ", ".join(aliases) + "]\n---\n# hub\n"
+    hub += "".join(f"[[n{i}]] " for i in range(3_000)) + "\n观影记录和电影清单。"
+    vault = make_vault({"hub.md": hub, "n1.md": "# n1\n[[hub]] 电影"})
+    assert len(hub.encode()) > 900_000
+    assert not Brain(home).sync(vaults=(str(vault),)).failed
+    tools = BrainTools(Brain(home))
+
+    replies = {name: tools.call(name, arguments) for name, arguments in [
+        ("get_note", {"note_id": "vault:notes/hub.md"}), ("related_notes", {"note_id": "vault:notes/hub.md"}),
+        ("search_notes", {"query": "电影 观影", "k": 20})]}
+    for name, reply in replies.items():
+        assert not reply.is_error and len(reply.text.encode()) <= MAX_REPLY_BYTES, (name, len(reply.text))
+    note = json.loads(replies["get_note"].text)
+    for key in ("tags", "aliases", "broken_links"):
+        assert len(note[key]) <= MAX_LINKS and note[f"{key}_total"] > MAX_LINKS, key
+    assert note["backlinks"] == ["vault:notes/n1.md"]
+    found = json.loads(replies["search_notes"].text)["results"]
+    assert all(len(r.get("tags", [])) <= MAX_LINKS for r in found)
+
+
+def test_every_reply_fits_the_byte_cap_and_says_what_was_cut():
+    results = [{"note_id": f"vault:v/{i}.md", "title": "标题" * 5_000, "tags": ["t" * 3_000] * 200,
+                "passages": [{"heading": "", "text": "字" * 1_000}] * 3} for i in range(20)]
+    reply = capped_json({"query": "q", "results": results})
+    data = json.loads(reply)
+    assert len(reply.encode()) <= MAX_REPLY_BYTES
+    assert data["query"] == "q" and 1 <= len(data["results"]) < 20
+    assert [r["note_id"] for r in data["results"]] == [f"vault:v/{i}.md" for i in range(len(data["results"]))]
+    assert data["results"][0]["tags_total"] == 200 and len(data["results"][0]["tags"]) <= MAX_LINKS
+    assert data["reply_capped"]["cuts"] >= 2 and f"results[{len(data['results'])}:]" in data["reply_capped"]["cut"]
+    assert data["results"][0]["title"].endswith("…")
+
+    small = {"note_id": "vault:v/a.md", "text": "短", "tags": ["a"]}
+    assert json.loads(capped_json(small)) == small

@@ -13,12 +13,15 @@ from pathlib import Path
 import anyio
 import httpx
 import httpx2
+import pytest
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
+from rag_app.engine import ConfigError
 from tests.conftest import REPO, free_port
-from tools.function_tools import TOOL_NAMES
+from tools.function_tools import MAX_REPLY_BYTES, TOOL_NAMES
+from tools.mcp_server import check_token
 
 BRAIN = str(Path(sys.executable).with_name("brain"))
 QUIET = {"ANONYMIZED_TELEMETRY": "False"}
@@ -50,18 +53,37 @@ def test_stdio_server_lists_the_tools_searches_reads_and_refuses_hostile_input(s
                        ("related_notes", {"note_id": 7}, "valid string"),
                        ("get_note", {}, "Field required"),
                        ("search_notes", {"query": "电影", "k": 10**9}, "less than or equal to 20"),
-                       ("search_notes", {"queries": {"a": 1}}, "valid list")]
+                       ("search_notes", {"queries": {"a": 1}}, "valid list"),
+                       ("search_notes", {"query": "字" * 3_000_000}, "at most 2000 characters")]
             for name, arguments, message in hostile:
                 refused = await mcp.call_tool(name, arguments)
                 assert refused.is_error and message in refused.content[0].text, (name, refused.content[0].text)
                 assert "Traceback" not in refused.content[0].text
+                assert len(refused.content[0].text.encode()) < MAX_REPLY_BYTES
 
     anyio.run(session)
 
 
+@pytest.mark.parametrize(("token", "message"), [
+    ("", "needs a bearer token"), (" " * 20, "needs a bearer token"), ("\t\n" * 10, "needs a bearer token"),
+    ("k3y-9", "at least 16 non-blank"), ("a b c d e f g h i j k l m n o", "at least 16 non-blank"),
+    (" " + TOKEN, "leading or trailing"), (TOKEN + "\n", "leading or trailing"), ("令牌" * 10, "printable ASCII"),
+    (TOKEN[:8] + "\x07" + TOKEN[8:], "printable ASCII"),
+])
+def test_weak_or_unsendable_tokens_are_refused(token: str, message: str):
+    with pytest.raises(ConfigError, match=message) as refused:
+        check_token(token)
+    assert token.strip() == "" or token.strip() not in str(refused.value)
+
+
+def test_a_token_of_sixteen_non_blank_characters_is_enough():
+    assert check_token("0123456789abcdef") == "0123456789abcdef"
+    assert check_token("a b c d e f g h i j k l m n o p") == "a b c d e f g h i j k l m n o p"
+
+
 def test_http_needs_a_token_to_start_and_on_every_request(home: Path):
     env = {k: v for k, v in os.environ.items() if k != "BRAIN_MCP_TOKEN"} | QUIET
-    for token in (None, "short"):
+    for token in (None, "short", " " * 20):
         refused = subprocess.run([BRAIN, "--home", str(home), "mcp", "--http"], capture_output=True, text=True,
                                  env=env | ({"BRAIN_MCP_TOKEN": token} if token else {}), timeout=60)
         assert refused.returncode == 2 and "BRAIN_MCP_TOKEN" in refused.stderr
