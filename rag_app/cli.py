@@ -124,6 +124,9 @@ def sync(ctx: click.Context, vaults: tuple[str, ...], memos: tuple[str, ...], na
         for failed in (s for s in report.sources if s.failed):
             click.echo(f"brain: source {_plain(failed.name)} failed, nothing of it changed: {_plain(failed.error)}",
                        err=True)
+        if report.fill_error:
+            click.echo(f"brain: embedding stopped, notes stay searchable by keyword and the next sync resumes: "
+                       f"{_plain(report.fill_error)}", err=True)
         sys.exit(EXIT_FAILED)
 
 
