@@ -4,10 +4,14 @@ this file only wires them to widgets and turns citations into links."""
 from __future__ import annotations
 
 import contextvars
+import ipaddress
+import math
 import os
 import queue
 import re
-from collections.abc import Callable, Iterator
+import socket
+import time
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -15,13 +19,40 @@ from urllib.parse import quote
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"  # local-first: the page never reports usage (read at import)
 
 import gradio as gr  # noqa: E402
+from starlette.middleware import Middleware  # noqa: E402
+from starlette.responses import JSONResponse  # noqa: E402
+from starlette.types import ASGIApp, Message, Receive, Scope, Send  # noqa: E402
 
 from rag_app.engine import Brain, ConfigError, NoteNotFound, SearchError, SourceReport, SyncBusyError  # noqa: E402
 
-LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 EXCERPT_CHARS = 160
 QUESTION_PLACEHOLDER = "问你的笔记 / Ask your notes — e.g. 我想看哪些电影？"
+LOGIN_FREE_TRIES = 5  # wrong passwords a client may try before it has to wait
+LOGIN_LOCKOUT_SECONDS = 30.0  # the first wait; it doubles with every further wrong try
+LOGIN_MAX_LOCKOUT_SECONDS = 900.0
+LOGIN_CLIENTS = 10_000  # clients remembered (the oldest are forgotten first)
+# The page loads only its own assets: an image, script or request to any other host is refused by the browser even if
+# something slipped through the answer's sanitising. Gradio's page needs inline scripts and styles, data: fonts and
+# blob: workers.
+CONTENT_SECURITY_POLICY = "; ".join([
+    "default-src 'self'", "script-src 'self' 'unsafe-inline'", "style-src 'self' 'unsafe-inline'",
+    "img-src 'self' data: blob:", "font-src 'self' data:", "connect-src 'self'", "media-src 'self' blob:",
+    "worker-src 'self' blob:", "frame-src 'none'", "object-src 'none'", "base-uri 'self'", "form-action 'self'",
+    "frame-ancestors 'none'",
+])
+SECURITY_HEADERS = [(b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
+                    (b"referrer-policy", b"no-referrer"), (b"x-content-type-options", b"nosniff")]
 T = TypeVar("T")
+
+
+def is_loopback(host: str) -> bool:
+    bare = host.strip("[]")
+    if bare == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(bare).is_loopback
+    except ValueError:
+        return False
 
 
 def ui_auth(host: str) -> tuple[str, str] | None:
@@ -31,7 +62,7 @@ def ui_auth(host: str) -> tuple[str, str] | None:
     user, password = os.environ.get("BRAIN_UI_USER", ""), os.environ.get("BRAIN_UI_PASSWORD", "")
     if user and password:
         return user, password
-    if host in LOCAL_HOSTS:
+    if is_loopback(host):
         return None
     raise ConfigError(
         f"--host {host} would put your notes on the network: set BRAIN_UI_USER and BRAIN_UI_PASSWORD to require "
@@ -44,21 +75,85 @@ def escape_markdown(text: str) -> str:
     return re.sub(r"([\\`*_{}\[\]()#+\-.!|<>~$])", r"\\\1", " ".join(text.split()))
 
 
+# A URL as the page links it: http(s) or obsidian, and none of the characters that could end a markdown link.
+_LINKABLE = re.compile(r"(?:https?|obsidian)://[^\s<>\[\]()\"'`\\]+", re.IGNORECASE)
+_TRAILING = ".,;:!?'\")）。，、；：！？」』"
+# An inline markdown link or image the LLM wrote: [label](url) or [label](<url> "title").
+_MD_LINK = re.compile(r"(!?)\[([^\[\]\n]{0,500})\]\(\s*<?([^\s<>()]{1,2000}?)>?(?:\s+(?:\"[^\"\n]*\"|'[^'\n]*'))?\s*\)")
+_BARE_URL = re.compile(r"(?:https?|ftp)://[^\s<>\[\]()\"'`\\]+", re.IGNORECASE)
+
+
 def obsidian_url(vault: str, path: str) -> str:
     return f"obsidian://open?vault={quote(vault, safe='')}&file={quote(path, safe='')}"
+
+
+def note_href(note: dict[str, Any], obsidian: bool) -> str | None:
+    """Where a note's link points: its memo page (http or https only), or Obsidian for a vault note when allowed."""
+    url = str(note.get("url") or "")
+    if url:
+        url = quote(url, safe=":/?#@!$&*+,;=%~")
+        return url if _LINKABLE.fullmatch(url) and url.lower().startswith(("http://", "https://")) else None
+    path = str(note.get("path") or "")
+    if obsidian and path and note["note_id"].startswith("vault:"):
+        return obsidian_url(note["note_id"].removeprefix("vault:").split("/", 1)[0], path)
+    return None
 
 
 def note_link(note: dict[str, Any], obsidian: bool) -> str:
     """A memo links to its web page; a vault note shows its path, linked into Obsidian when the config allows."""
     title = escape_markdown(str(note.get("title") or note["note_id"]))
-    if note.get("url"):
-        return f"[{title}]({quote(note['url'], safe=':/?#@!$&*+,;=%~')})"
-    path = str(note.get("path") or "")
+    href = note_href(note, obsidian)
+    path = "" if note.get("url") else str(note.get("path") or "")
     where = f" — {escape_markdown(path)}" if path else ""
-    if obsidian and path and note["note_id"].startswith("vault:"):
-        vault = note["note_id"].removeprefix("vault:").split("/", 1)[0]
-        return f"[{title}]({obsidian_url(vault, path)}){where}"
-    return f"**{title}**{where}"
+    return f"[{title}]({href}){where}" if href else f"**{title}**{where}"
+
+
+def urls_in(text: str) -> set[str]:
+    """The http(s) URLs written in a note: the only web addresses an answer about it may link to."""
+    return {url.rstrip(_TRAILING) for url in _LINKABLE.findall(text) if url.lower().startswith(("http:", "https:"))}
+
+
+def safe_markdown(text: str, allowed: Iterable[str] = ()) -> str:
+    """LLM (or note) text as markdown the page can show without the browser fetching anything.
+
+    No image and no raw HTML survives (every `[`, `]`, `<` and backslash is escaped, which also disarms reference
+    links and footnotes); a link, written as markdown or bare, stays a link only if its URL is in `allowed` (the
+    cited notes' own links and the URLs written in them), else its label stays as plain text. Bare URLs, www.
+    addresses and e-mail addresses are kept from being auto-linked. Headings, lists and emphasis still render."""
+    allowed = frozenset(allowed)
+    out: list[str] = []
+    pos = 0
+    for match in _MD_LINK.finditer(text):
+        bang, label, url = match.groups()
+        out.append(_inert(text[pos:match.start()], allowed))
+        if url in allowed and _LINKABLE.fullmatch(url):  # an image of it becomes a link: `!` is escaped
+            out.append(f"{_escape_inline(bang)}[{_inert(label, frozenset())}]({url})")
+        else:
+            out.append(_inert(bang + label, allowed))
+        pos = match.end()
+    out.append(_inert(text[pos:], allowed))
+    return "".join(out)
+
+
+def _inert(text: str, allowed: frozenset[str]) -> str:
+    """Plain text as markdown that renders the same words and can form no link, image or HTML; a bare URL in
+    `allowed` becomes an explicit link."""
+    out: list[str] = []
+    pos = 0
+    for match in _BARE_URL.finditer(text):
+        url = match.group(0).rstrip(_TRAILING)
+        if url in allowed and _LINKABLE.fullmatch(url):
+            out += [_escape_inline(text[pos:match.start()]), f"[{_escape_inline(url)}]({url})"]
+            pos = match.start() + len(url)
+    out.append(_escape_inline(text[pos:]))
+    return "".join(out)
+
+
+def _escape_inline(text: str) -> str:
+    text = re.sub(r"[\\\[\]<!]", r"\\\g<0>", text)
+    text = re.sub(r"(?i)(https?|ftp):(?=//)", r"\1\\:", text)  # no autolink: http\://…
+    text = re.sub(r"(?i)(www)\.", r"\1\\.", text)
+    return re.sub(r"(?<=[\w.+-])@(?=[\w-]+\.)", r"\\@", text)
 
 
 def citations_markdown(citations: list[dict[str, Any]], obsidian: bool, excerpts: bool) -> str:
@@ -141,19 +236,32 @@ class ChatPage:
         text = ""
         while (piece := tokens.get()) is not None:
             text += piece
-            yield text, gr.skip()
+            yield safe_markdown(text), gr.skip()
         try:
             response = future.result().to_dict()
         except (SearchError, ConfigError) as exc:
-            yield f"⚠️ {exc}", gr.skip()
+            yield f"⚠️ {safe_markdown(str(exc))}", gr.skip()
             return
-        final = response["answer"]
+        final = safe_markdown(response["answer"], self._run(self.allowed_links, response["citations"]))
         if response["coverage"].get("llm_error"):
             final += f"\n\n_The LLM failed ({escape_markdown(response['coverage']['llm_error'])}): passages shown._"
         if response["citations"]:
             final += "\n\n" + citations_markdown(response["citations"], self.obsidian, response["mode"] == "llm")
         cited = [c["note_id"] for c in response["citations"]]
         yield final, gr.update(choices=cited, value=cited[0] if cited else None)
+
+    def allowed_links(self, citations: list[dict[str, Any]]) -> set[str]:
+        """The URLs an answer may link to: each cited note's own link and the http(s) URLs written in it."""
+        allowed: set[str] = set()
+        for citation in citations:
+            href = note_href(citation, self.obsidian)
+            if href:
+                allowed.add(href)
+            try:
+                allowed |= urls_in(self.brain.get_note(citation["note_id"])["text"])
+            except (NoteNotFound, SearchError):
+                continue  # deleted since the search: its URLs are simply not linkable
+        return allowed
 
     def related(self, note_id: str | None) -> str:
         if not note_id:
@@ -219,7 +327,10 @@ class ChatPage:
                 with gr.Column(scale=3):
                     gr.ChatInterface(
                         self.chat,
-                        chatbot=gr.Chatbot(label="Answers from your notes", height=620),
+                        # LaTeX off (KaTeX could link); answers arrive sanitised (safe_markdown), and Gradio's
+                        # own HTML sanitiser stays on with no custom tags let through.
+                        chatbot=gr.Chatbot(label="Answers from your notes", height=620, latex_delimiters=[],
+                                           sanitize_html=True, allow_tags=False),
                         textbox=gr.Textbox(placeholder=QUESTION_PLACEHOLDER, submit_btn=True, stop_btn=True,
                                            elem_id="question"),
                         additional_inputs=[sources, tags, since, until],
@@ -232,18 +343,92 @@ class ChatPage:
         return page
 
 
+class PageGuard:
+    """ASGI middleware around the page: security headers on every response, and a brake on password guessing.
+
+    After LOGIN_FREE_TRIES wrong logins a client (by address) must wait `lockout` seconds (429 with Retry-After),
+    twice as long after each further wrong one, up to LOGIN_MAX_LOCKOUT_SECONDS. A good login clears its count. A
+    try counts when it starts, so a burst of parallel guesses gets no more tries than a sequence."""
+
+    def __init__(self, app: ASGIApp, free_tries: int = LOGIN_FREE_TRIES, lockout: float = LOGIN_LOCKOUT_SECONDS):
+        self.app = app
+        self.free_tries = free_tries
+        self.lockout = lockout
+        self._clients: dict[str, tuple[int, float]] = {}  # address -> (tries since the last good login, locked until)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 0
+
+        async def send_guarded(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message = {**message, "headers": [*message.get("headers", []), *SECURITY_HEADERS]}
+            await send(message)
+
+        if scope["method"] != "POST" or not scope["path"].rstrip("/").endswith("/login"):
+            await self.app(scope, receive, send_guarded)
+            return
+        client = str((scope.get("client") or ("unknown",))[0])
+        now = time.monotonic()
+        tries, locked_until = self._clients.pop(client, (0, 0.0))
+        if now < locked_until:
+            self._clients[client] = (tries, locked_until)
+            wait = math.ceil(locked_until - now)
+            refused = JSONResponse({"detail": f"Too many wrong logins: try again in {wait} s."}, status_code=429,
+                                   headers={"Retry-After": str(wait)})
+            await refused(scope, receive, send_guarded)
+            return
+        tries += 1
+        over = tries - self.free_tries
+        self._clients[client] = (tries, now + min(self.lockout * 2 ** over, LOGIN_MAX_LOCKOUT_SECONDS)
+                                 if over >= 0 else 0.0)
+        while len(self._clients) > LOGIN_CLIENTS:
+            del self._clients[next(iter(self._clients))]
+        await self.app(scope, receive, send_guarded)
+        if status == 200:
+            self._clients.pop(client, None)
+
+
+def start_page(chat: ChatPage, host: str, port: int, auth: tuple[str, str] | None) -> tuple[gr.Blocks, str]:
+    """Build and start the page without blocking; returns it and its URL. An IPv6 address is bracketed the way
+    Gradio expects; a host or port that cannot be bound is a ConfigError of one line."""
+    bare = host.strip("[]")
+    _check_bindable(host, port)
+    page = chat.build()
+    guard = Middleware(PageGuard, free_tries=LOGIN_FREE_TRIES, lockout=LOGIN_LOCKOUT_SECONDS)
+    try:
+        _, url, _ = page.launch(server_name=f"[{bare}]" if ":" in bare else bare, server_port=port, auth=auth,
+                                share=False, ssr_mode=False, quiet=True, prevent_thread_lock=True,
+                                app_kwargs={"middleware": [guard]})
+    except (OSError, ValueError) as exc:
+        page.close()
+        reason = " ".join(str(exc).split(". ")[0].split())
+        raise ConfigError(f"cannot listen on {host} port {port}: {reason}") from None
+    return page, url
+
+
+def _check_bindable(host: str, port: int) -> None:
+    """Bind once ourselves: Gradio would report any failure as "Cannot find empty port" after uvicorn's own log."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {host} port {port}: {exc.strerror or exc}") from None
+
+
 def serve(brain: Brain, host: str = "127.0.0.1", port: int = 7860) -> None:
     """Start the page and block until Ctrl+C; refuses a non-local host without a login (see ui_auth)."""
     auth = ui_auth(host)
     chat = ChatPage(brain)
-    page = chat.build()
     try:
-        _, url, _ = page.launch(server_name=host, server_port=port, auth=auth, share=False, ssr_mode=False,
-                                quiet=True, prevent_thread_lock=True)
-    except OSError as exc:
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc}") from None
-    print(f"brain: chat page on {url} (Ctrl+C stops it)", flush=True)
-    try:
+        page, url = start_page(chat, host, port, auth)
+        print(f"brain: chat page on {url} (Ctrl+C stops it)", flush=True)
         page.block_thread()
     finally:
         chat.close()
