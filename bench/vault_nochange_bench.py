@@ -1,7 +1,7 @@
 """No-change vault sync benchmark: the wall time of whole `brain sync` processes over a real vault nothing changed in.
 
-Indexes the vault once into a home (fast model, no second channel, unless the home is already synced), then runs
-`brain --home H sync` again and again and prints the wall and CPU time of each whole process (imports included).
+Indexes the vaults once into a home (fast model, no second channel; an existing home keeps its config and sources),
+then runs `brain --home H sync` again and again and prints the wall and CPU time of whole processes (imports included).
 Exits 0 with a message when a vault folder is absent (the real vaults live outside the repository).
 
 usage: python bench/vault_nochange_bench.py VAULT [VAULT ...] [--home DIR] [--runs 10] [--model use-m3]
@@ -50,15 +50,17 @@ def main() -> None:
     names = [v.resolve().parent.name if v.resolve().name == "vault" else v.resolve().name for v in args.vaults]
     home = args.home or REPO / "bench" / "out" / "nochange" / "+".join(names)
     home.mkdir(parents=True, exist_ok=True)
-    if not (home / "config.toml").exists():
-        (home / "config.toml").write_text(f'[embedding]\nmodel = "{args.model}"\nsecond_model = ""\n', encoding="utf-8")
-    sources = [a for v in args.vaults for a in ("--vault", str(v))]
-    wall, _, report = timed_brain(home, "sync", *sources)
+    if not (home / "config.toml").exists():  # a new home: these vaults as named sources (two may share a folder name)
+        config = f'[embedding]\nmodel = "{args.model}"\nsecond_model = ""\n'
+        for i, (name, vault) in enumerate(zip(names, args.vaults, strict=True)):
+            config += f'\n[[sources]]\nname = "{name}-{i}"\nkind = "vault"\npath = "{vault.resolve()}"\n'
+        (home / "config.toml").write_text(config, encoding="utf-8")
+    wall, _, report = timed_brain(home, "sync")
     notes = sum(s["added"] + s["updated"] + s["unchanged"] for s in report["sources"])
     print(f"first sync in this run: {wall:.1f} s wall, {report['embedded_chunks']} chunks embedded, {notes} notes")
     walls, cpus = [], []
     for _ in range(args.runs):
-        wall, cpu, report = timed_brain(home, "sync", *sources)
+        wall, cpu, report = timed_brain(home, "sync")
         if report["embedded_chunks"] or report["model_loaded"]:
             sys.exit(f"not a no-change sync: {report}")
         walls.append(wall)

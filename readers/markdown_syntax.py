@@ -132,7 +132,7 @@ def split_frontmatter(text: str) -> Frontmatter:
         data = yaml.load(raw, Loader=_yaml_loader()) if raw.strip() else {}
     except FrontmatterRefused as exc:
         return Frontmatter(body=body, warning=f"frontmatter refused: {exc}; dropped, the body is indexed")
-    except (yaml.YAMLError, ValueError) as exc:
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:  # RecursionError: the pure-Python parser, deep nesting
         reason = str(exc).split("\n")[0]
         return Frontmatter(body=text, warning=f"frontmatter is not valid YAML ({reason}); indexed as plain text")
     if data is None:
@@ -208,7 +208,7 @@ def _child_nodes(node: Any) -> list[Any]:
 def _flat_items(value: Any, depth: int = 0) -> list[str]:
     """A YAML list as strings, nesting flattened (an unquoted `- [[note]]` loads as a list in a list).
 
-    The depth is capped because YAML anchors can build a list that contains itself.
+    The depth is capped: anything nested deeper is not a list of names.
     """
     items: list[str] = []
     for item in value:

@@ -273,6 +273,24 @@ def test_nesting_is_capped() -> None:
     assert (ok.warning, ok.body) == ("", "body")
 
 
+def test_without_libyaml_the_pure_python_loader_refuses_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PyYAML built without libyaml: the same refusals, and deep nesting (which overflows its recursive parser) is a
+    warning, not an exception out of the scan."""
+    from readers import markdown_syntax
+
+    monkeypatch.delattr(yaml, "CSafeLoader", raising=False)
+    markdown_syntax._yaml_loader.cache_clear()
+    try:
+        assert not issubclass(markdown_syntax._yaml_loader(), getattr(yaml, "CSafeLoader", ()))
+        assert "aliases expand it" in split_frontmatter(billion_laughs(9)).warning
+        assert split_frontmatter("---\na: 1\n---\nbody").data == {"a": 1}
+        deep = split_frontmatter("---\na: " + "[" * 5000 + "]" * 5000 + "\n---\nbody")
+        assert deep.warning.startswith("frontmatter is not valid YAML")
+    finally:
+        monkeypatch.undo()
+        markdown_syntax._yaml_loader.cache_clear()
+
+
 def test_nesting_libyaml_refuses_is_invalid_yaml_not_a_crash() -> None:
     """Ten thousand levels: the parser's own limit turns it into a warning, and the text is kept."""
     text = "---\na: " + "[" * 10_000 + "]" * 10_000 + "\n---\nbody"
