@@ -14,7 +14,7 @@ import click
 
 from rag_app.engine import Brain, ConfigError, SearchError, SourceReport, StoreError, SyncBusyError
 
-EXIT_FAILED, EXIT_USAGE, EXIT_BUSY = 1, 2, 3
+EXIT_FAILED, EXIT_USAGE, EXIT_BUSY, EXIT_INTERRUPTED = 1, 2, 3, 130
 
 
 class TqdmProgress:
@@ -118,8 +118,12 @@ def sync(ctx: click.Context, vaults: tuple[str, ...], memos: tuple[str, ...], na
     if as_json:
         _print_json(report.to_dict())
     else:
-        click.echo(f"embedded {report.embedded_chunks} chunks, removed {report.deleted_chunks} "
-                   f"in {report.seconds:.1f} s")
+        vectors = ", ".join(f"{model} {count}" for model, count in report.vectors.items()) or "none new"
+        click.echo(f"chunked {report.embedded_chunks} chunks (searchable by keyword), vectors: {vectors}; "
+                   f"removed {report.deleted_chunks} chunks; {report.seconds:.1f} s")
+    if report.interrupted:
+        click.echo("brain: stopped; what was done is saved and searchable, `brain sync` continues from there",
+                   err=True)
     if report.failed:
         for failed in (s for s in report.sources if s.failed):
             click.echo(f"brain: source {_plain(failed.name)} failed, nothing of it changed: {_plain(failed.error)}",
@@ -128,6 +132,8 @@ def sync(ctx: click.Context, vaults: tuple[str, ...], memos: tuple[str, ...], na
             click.echo(f"brain: embedding stopped, notes stay searchable by keyword and the next sync resumes: "
                        f"{_plain(report.fill_error)}", err=True)
         sys.exit(EXIT_FAILED)
+    if report.interrupted:
+        sys.exit(EXIT_INTERRUPTED)
 
 
 def _source_line(result: SourceReport, verbose: bool) -> str:

@@ -33,6 +33,19 @@ class SourceSpec:
     max_retries: int | None = None  # Memos client: retries of a transient failure (429, 5xx, timeouts)
     page_size: int | None = None  # Memos client: memos per page (servers that time out on big pages)
     token_env: str = ""  # Memos: the environment variable holding this server's token (never the token itself)
+    # Memos limits against hostile or broken servers (None: the client's defaults, sized for 100k memos)
+    max_memos: int | None = None
+    max_memo_bytes: int | None = None
+    max_response_bytes: int | None = None
+    max_listing_bytes: int | None = None
+    request_deadline: float | None = None
+    listing_deadline: float | None = None
+
+    def memos_limits(self) -> dict[str, Any]:
+        """The Memos client's keyword arguments this source sets."""
+        names = ("timeout", "max_retries", "page_size", "max_memos", "max_memo_bytes", "max_response_bytes",
+                 "max_listing_bytes", "request_deadline", "listing_deadline")
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v not in ("", None)}
@@ -53,6 +66,12 @@ class SourceSpec:
             max_retries=_optional(data, "max_retries", int, 0, 20),
             page_size=_optional(data, "page_size", int, 1, 1000),
             token_env=str(data.get("token_env") or ""),
+            max_memos=_optional(data, "max_memos", int, 1, 100_000_000),
+            max_memo_bytes=_optional(data, "max_memo_bytes", int, 1_000, 1 << 30),
+            max_response_bytes=_optional(data, "max_response_bytes", int, 1_000, 1 << 34),
+            max_listing_bytes=_optional(data, "max_listing_bytes", int, 1_000, 1 << 40),
+            request_deadline=_optional(data, "request_deadline", float, 0.1, 86_400.0),
+            listing_deadline=_optional(data, "listing_deadline", float, 1.0, 7 * 86_400.0),
         )
         if spec.token_env and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", spec.token_env):
             raise ConfigError(f"source {spec.name!r}: token_env must name an environment variable, got "

@@ -138,8 +138,7 @@ def read_source(spec: SourceSpec, token: str | None = None, known: Mapping[str, 
         return VaultScanner(spec.path, name=spec.name).scan(known)
     from readers.memos_client import MemosClient, fetch_memos
 
-    knobs = {"timeout": spec.timeout, "max_retries": spec.max_retries, "page_size": spec.page_size}
-    with MemosClient(spec.url, token, **{k: v for k, v in knobs.items() if v is not None}) as client:
+    with MemosClient(spec.url, token, **spec.memos_limits()) as client:
         return fetch_memos(
             spec.url,
             None,

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import REPO
 from tests.doubles.memos_server import MemosDouble, seed_memos
@@ -26,11 +30,13 @@ def test_sync_json_report_has_the_documented_shape(home, make_vault):
     done = brain(home, "sync", "--vault", str(vault), "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    assert set(report) == {"sources", "embedded_chunks", "deleted_chunks", "model_loaded", "seconds"}
+    assert set(report) == {"sources", "embedded_chunks", "deleted_chunks", "vectors", "model_loaded", "interrupted",
+                           "fill_error", "seconds"}
     source = report["sources"][0]
     assert {"name", "kind", "added", "updated", "deleted", "unchanged", "skipped", "failed", "error"} <= set(source)
     assert (source["name"], source["kind"], source["added"], source["failed"]) == ("notes", "vault", 2, False)
-    assert report["embedded_chunks"] == 2 and report["model_loaded"] is True
+    assert report["embedded_chunks"] == 2 and report["model_loaded"] is True and report["vectors"] == {"use-m3": 2}
+    assert (report["interrupted"], report["fill_error"]) == (False, None)
 
 
 def test_status_json_has_the_documented_shape(home, make_vault):
@@ -96,3 +102,35 @@ def test_terminal_output_never_carries_escape_sequences_or_split_lines(home, mak
     assert any("two lines.md" in line for line in result_lines)
     as_json = json.loads(brain(home, "search", "wombat", "--json").stdout)
     assert any("\x1b" in r["title"] for r in as_json["results"])  # JSON keeps the data exactly, escaped
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signalled_sync_stops_within_seconds_and_the_next_one_finishes_the_rest(home, make_vault, signum):
+    """Keyword search covers every note before the slow default model starts; a signal ends the fill after the
+    batch in hand (exit 130), and the next sync embeds only what is missing."""
+    vault = make_vault({f"n{i:02d}.md": f"# Note {i}\n\nzettel{i} " + "words about this and that. " * 12
+                        for i in range(60)})
+    (home / "config.toml").write_text('[embedding]\nmodel = "e5-small"\nsecond_model = ""\n', encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k not in ("CFLOW_API_TOKEN", "MEMOS_TOKEN", "BRAIN_HOME")}
+    sync = subprocess.Popen([*BRAIN, "--home", str(home), "sync", "--vault", str(vault)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        channels = json.loads(brain(home, "status", "--json").stdout).get("channels", {})
+        if channels.get("e5-small", {}).get("chunks", 0) > 0:
+            break
+        time.sleep(0.3)
+    assert channels["bm25"] == {"chunks": 60, "complete": True}
+    signalled = time.monotonic()
+    sync.send_signal(signum)
+    _, stderr = sync.communicate(timeout=60)
+    assert sync.returncode == 130, stderr
+    assert time.monotonic() - signalled < 10 and "`brain sync` continues" in stderr
+    filled = json.loads(brain(home, "status", "--json").stdout)["channels"]["e5-small"]
+    assert 0 < filled["chunks"] < 60 and filled["complete"] is False
+    found = json.loads(brain(home, "search", "zettel59", "--json").stdout)
+    assert found["results"][0]["note_id"] == "vault:notes/n59.md"
+
+    rest = json.loads(brain(home, "sync", "--json").stdout)
+    assert rest["sources"][0]["unchanged"] == 60 and rest["vectors"] == {"e5-small": 60 - filled["chunks"]}
+    assert json.loads(brain(home, "status", "--json").stdout)["channels"]["e5-small"]["complete"] is True

@@ -24,16 +24,9 @@ import pytest
 
 from bench.fault_trials import REPO, TOKEN, brain_env, make_home, run_brain, snapshot
 from rag_app.engine import Brain
-from readers.memos_client import MemosClient, MiB
+from readers.memos_client import MiB
 from tests.doubles.memos_server import MemosDouble, Stream, seed_memos
 from tools.function_tools import BrainTools
-
-# The CLI with some MemosClient defaults replaced (the JSON object in argv[1]), as a [[sources]] key would.
-LIMITED_CLI = (
-    "import json, runpy, sys; from readers.memos_client import MemosClient; "
-    "MemosClient.__init__.__kwdefaults__.update(json.loads(sys.argv.pop(1))); "
-    "runpy.run_module('rag_app.cli', run_name='__main__', alter_sys=True)"
-)
 
 
 @dataclass
@@ -46,11 +39,13 @@ class Run:
 
 
 def run_limited(home: Path, limits: dict[str, Any], *args: str, timeout: float = 120) -> Run:
-    """`brain --home HOME ARGS` with the generic token set; its own peak RSS, not this process's."""
+    """`brain --home HOME ARGS` with the generic token set, the `--memos` server's limits set in its [[sources]]
+    entry of config.toml; its own peak RSS, not this process's."""
     env = brain_env(CFLOW_API_TOKEN=TOKEN)
+    set_limits(home, args[args.index("--memos") + 1], limits)
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         started = time.monotonic()
-        process = subprocess.Popen([sys.executable, "-c", LIMITED_CLI, json.dumps(limits), "--home", str(home), *args],
+        process = subprocess.Popen([sys.executable, "-m", "rag_app.cli", "--home", str(home), *args],
                                    stdout=out, stderr=err, cwd=REPO, env=env)
         watchdog = threading.Timer(timeout, process.kill)
         watchdog.start()
@@ -80,6 +75,12 @@ def home_bytes(home: Path) -> bytes:
     return b"".join(path.read_bytes() for path in sorted(home.rglob("*")) if path.is_file())
 
 
+def set_limits(home: Path, url: str, limits: dict[str, Any]) -> None:
+    """The home's config: the fast model and the double as source "cflow", with these client limits."""
+    entry = "".join(f"{key} = {json.dumps(value)}\n" for key, value in limits.items())
+    make_home(home, f'[[sources]]\nkind = "memos"\nname = "cflow"\nurl = "{url}"\nmax_retries = 0\n{entry}')
+
+
 @pytest.fixture
 def synced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, MemosDouble]]:
     """A home that has synced 30 memos from a double (the fast model); the double is left running for the test."""
@@ -88,8 +89,8 @@ def synced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Pa
     monkeypatch.setenv("CFLOW_API_TOKEN", TOKEN)
     with MemosDouble("head") as double:
         seed_memos(double, 30)
-        home = make_home(tmp_path / "home", f'[[sources]]\nkind = "memos"\nname = "cflow"\nurl = "{double.url}"\n'
-                                             "max_retries = 0\n")
+        home = tmp_path / "home"
+        set_limits(home, double.url, {})
         assert not Brain(home).sync(memos=(double.url,)).failed
         yield home, double
 
@@ -177,15 +178,15 @@ def test_the_default_limits_stop_a_hostile_server_within_seconds_and_mebibytes(s
     assert run.seconds < 60 and run.peak_rss_mb - baseline < 350, (run.seconds, run.peak_rss_mb, baseline)
 
 
-def _sync_with(home: Path, double: MemosDouble, monkeypatch: pytest.MonkeyPatch, **limits: Any):
-    for name, value in limits.items():
-        monkeypatch.setitem(MemosClient.__init__.__kwdefaults__, name, value)
+def _sync_with(home: Path, double: MemosDouble, **limits: Any):
+    """Sync the double with these limits in its [[sources]] entry."""
+    set_limits(home, double.url, limits)
     report = Brain(home).sync(memos=(double.url,))
     assert lock_is_free(home)
     return report.sources[0]
 
 
-def test_an_oversized_memo_keeps_its_indexed_copy_and_the_rest_sync(synced, monkeypatch):
+def test_an_oversized_memo_keeps_its_indexed_copy_and_the_rest_sync(synced):
     """Item 9: the memo that grew past max_memo_bytes is named and skipped; its old chunks stay searchable."""
     home, double = synced
     notes = snapshot(home)["notes"]
@@ -194,19 +195,19 @@ def test_an_oversized_memo_keeps_its_indexed_copy_and_the_rest_sync(synced, monk
     big_id = next(note_id for note_id in notes if note_id.endswith(big))
     double.edit_memo(big, "很长的备忘录。" * 40_000)  # 840,000 bytes
     double.edit_memo(edited, "an ordinary edit #trial")
-    result = _sync_with(home, double, monkeypatch, max_memo_bytes=100_000)
+    result = _sync_with(home, double, max_memo_bytes=100_000)
     assert not result.failed and result.updated == 1 and result.deleted == 0 and result.skipped == 1
     warning = next(w for w in result.warnings if "max_memo_bytes" in w)
     assert warning.startswith(f"{double.url}/memos/{big}: 840000 bytes is over the 100000-byte limit")
     assert snapshot(home)["notes"][big_id] == notes[big_id]
 
 
-def test_a_lone_surrogate_is_replaced_and_every_memo_syncs(synced, monkeypatch):
+def test_a_lone_surrogate_is_replaced_and_every_memo_syncs(synced):
     """Item 10: `"\\ud800"` in one memo's JSON: that memo indexes with U+FFFD, with a warning; nothing fails."""
     home, double = synced
     key = next(iter(double._uids))
     double.raw_overrides[key] = {"content": "电影清单 \ud800 #watch"}
-    result = _sync_with(home, double, monkeypatch)
+    result = _sync_with(home, double)
     assert not result.failed and result.updated == 1
     assert [w for w in result.warnings if "U+FFFD" in w] == [
         f"GET /api/v1/memos (page 1): memo memos/{key}: invalid text replaced with U+FFFD"
