@@ -209,3 +209,31 @@ def test_the_content_security_policy_blocks_what_sanitising_might_miss(page_url:
         listener.close()
     assert listener.paths == []
     assert any("img-src" in v for v in violations) and any("connect-src" in v for v in violations), violations
+
+
+def test_the_login_form_works_under_the_policy_and_stops_a_guesser(start_page: Callable[..., str],
+                                                                   browser: webdriver.Chrome) -> None:
+    url = start_page(BRAIN_UI_USER="me", BRAIN_UI_PASSWORD="right-password-1")
+
+    def log_in(password: str) -> None:
+        user, secret = WebDriverWait(browser, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, "input"))[:2]
+        user.clear()
+        user.send_keys("me")
+        secret.clear()
+        secret.send_keys(password)
+        browser.find_element(By.XPATH, "//button[normalize-space()='Login']").click()
+
+    browser.get(url)
+    log_in("right-password-1")
+    WebDriverWait(browser, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#question textarea"))
+    assert not policy_violations(browser)
+
+    browser.delete_all_cookies()
+    browser.get(url)
+    for _ in range(5):
+        log_in("guess")
+        time.sleep(0.5)
+    log_in("right-password-1")  # the right password, but too late: this client must wait
+    time.sleep(2)
+    assert not browser.find_elements(By.CSS_SELECTOR, "#question textarea")
+    assert "Incorrect Credentials" in browser.find_element(By.TAG_NAME, "body").text
