@@ -116,10 +116,11 @@ def urls_in(text: str) -> set[str]:
 def safe_markdown(text: str, allowed: Iterable[str] = ()) -> str:
     """LLM (or note) text as markdown the page can show without the browser fetching anything.
 
-    No image and no raw HTML survives (every `[`, `]`, `<` and backslash is escaped, which also disarms reference
-    links and footnotes); a link, written as markdown or bare, stays a link only if its URL is in `allowed` (the
-    cited notes' own links and the URLs written in them), else its label stays as plain text. Bare URLs, www.
-    addresses and e-mail addresses are kept from being auto-linked. Headings, lists and emphasis still render."""
+    No image and no raw HTML survives (every `[`, `]`, `!`, `<` and backslash is escaped, which also disarms
+    reference links and footnotes; inside code the escapes show). A link, written as markdown or bare, stays a link
+    only if its URL is in `allowed` (the cited notes' own links and the URLs written in them), else its label stays
+    as plain text. Bare URLs, www. and e-mail addresses are kept from being auto-linked. Headings, lists and
+    emphasis still render."""
     allowed = frozenset(allowed)
     out: list[str] = []
     pos = 0
