@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 
 import click
 
-from rag_app.engine import Brain, ConfigError, SearchError, SourceReport, StoreError, SyncBusyError
+from rag_app.engine import Brain, ConfigError, SearchError, SourceReport, StoreError, SyncBusyError, SyncReport
 
 EXIT_FAILED, EXIT_USAGE, EXIT_BUSY, EXIT_INTERRUPTED = 1, 2, 3, 130
 
@@ -308,31 +308,82 @@ def source_remove(ctx: click.Context, name: str, as_json: bool) -> None:
 
 
 @main.command()
+@click.option("--vault", "vaults", multiple=True, type=click.Path(), help="Watch this vault folder (repeatable).")
+@click.option("--memos", "memos", multiple=True, help="Poll this Memos/CFlow server (repeatable).")
+@click.option("--interval", default=60.0, show_default=True, type=click.FloatRange(1, 86_400),
+              help="Seconds between Memos polls.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON line per sync.")
+@click.pass_context
+def watch(ctx: click.Context, vaults: tuple[str, ...], memos: tuple[str, ...], interval: float,
+          as_json: bool) -> None:
+    """Keep the index fresh: sync a vault when its notes change, poll Memos servers; Ctrl-C or SIGTERM stops.
+
+    Without --vault or --memos it watches every known source."""
+    brain = _open(ctx)
+    with _reported():
+        specs = brain.resolve_sources(vaults, memos)
+
+    def on_sync(trigger: str, report: SyncReport) -> None:
+        if as_json:
+            click.echo(json.dumps({"trigger": trigger, **report.to_dict()}, ensure_ascii=False))
+            return
+        for result in report.sources:
+            click.echo(f"[{trigger}] " + _source_line(result, verbose=False))
+        if report.fill_error:
+            click.echo(f"brain: embedding stopped, the next sync resumes: {_plain(report.fill_error)}", err=True)
+
+    if not as_json:
+        names = ", ".join(_plain(s.name) for s in specs)
+        click.echo(f"watching {names} (Memos every {interval:g} s); Ctrl-C stops", err=True)
+    with _reported():
+        brain.watch(specs, interval, on_sync)
+
+
+def _keep_fresh(brain: Brain, watch_sources: bool, interval: float) -> None:
+    """`--watch`: a watcher thread over every known source; otherwise a stale index is refreshed before a search."""
+    if watch_sources:
+        with _reported():
+            specs = brain.resolve_sources()
+        brain.watch_in_background(specs, interval)
+    else:
+        brain.auto_refresh = True
+
+
+@main.command()
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Interface to listen on; anything but this machine needs BRAIN_UI_USER and BRAIN_UI_PASSWORD.")
 @click.option("--port", default=7860, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--watch", "watch_sources", is_flag=True, help="Also keep every known source fresh (as `brain watch`).")
+@click.option("--interval", default=60.0, show_default=True, type=click.FloatRange(1, 86_400),
+              help="With --watch: seconds between Memos polls.")
 @click.pass_context
-def serve(ctx: click.Context, host: str, port: int) -> None:
+def serve(ctx: click.Context, host: str, port: int, watch_sources: bool, interval: float) -> None:
     """The chat page: cited answers, filters, status, sync and related notes in the browser."""
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # app.py sits at the repo root, outside the package
     import app
 
+    brain = _open(ctx)
+    _keep_fresh(brain, watch_sources, interval)
     with _reported():
-        app.serve(_open(ctx), host, port)
+        app.serve(brain, host, port)
 
 
 @main.command("mcp")
 @click.option("--http", "over_http", is_flag=True, help="Streamable HTTP instead of stdio (token: BRAIN_MCP_TOKEN).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="HTTP: address to listen on.")
 @click.option("--port", default=8765, show_default=True, type=click.IntRange(1, 65535), help="HTTP: port.")
+@click.option("--watch", "watch_sources", is_flag=True, help="Also keep every known source fresh (as `brain watch`).")
+@click.option("--interval", default=60.0, show_default=True, type=click.FloatRange(1, 86_400),
+              help="With --watch: seconds between Memos polls.")
 @click.pass_context
-def mcp(ctx: click.Context, over_http: bool, host: str, port: int) -> None:
+def mcp(ctx: click.Context, over_http: bool, host: str, port: int, watch_sources: bool, interval: float) -> None:
     """Serve search_notes, get_note, related_notes and brain_status to agents over MCP (stdio by default)."""
     from tools import mcp_server
 
     brain = _open(ctx)
+    _keep_fresh(brain, watch_sources, interval)
     with _reported():
         if over_http:
             mcp_server.run_http(brain, host=host, port=port)

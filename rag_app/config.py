@@ -145,6 +145,7 @@ class Settings:
     chunk_overlap: int = 100
     store_url: str = ""
     lock_wait_seconds: float = 10.0
+    stale_seconds: float = 300.0  # long-running shells without a watcher re-check sources older than this
     retrieval: dict[str, Any] = field(default_factory=dict)
     llm: dict[str, Any] = field(default_factory=dict)
     mcp: dict[str, Any] = field(default_factory=dict)
@@ -265,7 +266,13 @@ def _apply(settings: Settings, data: dict[str, Any], where: Path) -> None:
     settings.chunk_max_chars = _int(chunking, "max_chars", settings.chunk_max_chars, 100, 8000)
     settings.chunk_overlap = _int(chunking, "overlap", settings.chunk_overlap, 0, settings.chunk_max_chars // 2)
     settings.store_url = str(data.get("store", {}).get("url", "") or "")
-    settings.lock_wait_seconds = float(data.get("sync", {}).get("lock_wait_seconds", settings.lock_wait_seconds))
+    sync = data.get("sync", {})
+    unknown_sync = set(sync) - {"lock_wait_seconds", "stale_seconds"}
+    if unknown_sync:
+        raise ConfigError(f"{where}: [sync] has no setting(s) {sorted(unknown_sync)}; known: lock_wait_seconds, "
+                          "stale_seconds")
+    settings.lock_wait_seconds = _number(sync, "sync.lock_wait_seconds", settings.lock_wait_seconds, 0.0, 3600.0)
+    settings.stale_seconds = _number(sync, "sync.stale_seconds", settings.stale_seconds, 1.0, 30 * 86_400.0)
     settings.retrieval = dict(data.get("retrieval", {}))
     settings.llm = dict(data.get("llm", {}))
     settings.mcp = dict(data.get("mcp", {}))
@@ -307,6 +314,13 @@ def _remote_embedding(section: dict[str, Any], where: Path) -> RemoteEmbedding:
         max_retries=number("max_retries", int, 0, 20),
         timeout=number("timeout", float, 0.05, 600.0),
     )
+
+
+def _number(section: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
+    value = section.get(name.split(".")[-1], default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise ConfigError(f"{name} must be a number from {low:g} to {high:g}, got {value!r}")
+    return float(value)
 
 
 def _int(section: dict[str, Any], key: str, default: int, low: int, high: int) -> int:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 import re
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -45,6 +47,10 @@ __all__ = ["Brain", "ConfigError", "NoteNotFound", "Progress", "SearchError", "S
            "StoreError", "SyncBusyError", "SyncReport"]
 
 
+log = logging.getLogger("cflow_brain.engine")
+REFRESH_WAIT_SECONDS = 5.0  # a stale check waits this long for listing and keyword index, never for embedding
+
+
 class Brain:
     """A home directory's index: sources, sync, status (and, on top of these, search and answers)."""
 
@@ -53,6 +59,10 @@ class Brain:
         self._search_index: SearchIndex | None = None
         self._search_models: tuple[str, ...] = ()
         self._progress: tuple[str, tuple[str, ...]] | None = None
+        self.auto_refresh = False  # long-running shells turn this on (see refresh_if_stale)
+        self._refresh_guard = threading.Lock()
+        self._refreshing: threading.Thread | None = None
+        self._last_refresh = 0.0
         self._llm: Any = None
         self._graph: tuple[str, LinkGraph] | None = None
         self._lock = threading.RLock()
@@ -110,8 +120,26 @@ class Brain:
         progress: Progress | None = None,
         on_source: Callable[[SourceReport], None] | None = None,
         stop: StopRequested | None = None,
+        on_searchable: Callable[[], None] | None = None,
     ) -> SyncReport:
-        return sync_sources(self.settings, self.resolve_sources(vaults, memos, names), progress, on_source, stop)
+        return sync_sources(self.settings, self.resolve_sources(vaults, memos, names), progress, on_source, stop,
+                            on_searchable)
+
+    def watch(self, specs: list[SourceSpec], interval: float,
+              on_sync: Callable[[str, SyncReport], None] | None = None) -> None:
+        """Keep these sources fresh until SIGINT/SIGTERM (see rag_app.watch)."""
+        from rag_app.watch import Watcher
+
+        Watcher(self.settings, specs, interval, on_sync).run()
+
+    def watch_in_background(self, specs: list[SourceSpec], interval: float) -> StopRequested:
+        """The same watcher on a daemon thread, for the page and the MCP server; set the returned flag to stop it."""
+        from rag_app.watch import watch_in_background
+
+        def logged(trigger: str, report: SyncReport) -> None:
+            log.info("watch (%s): %s", trigger, {s.name: (s.added, s.updated, s.deleted) for s in report.sources})
+
+        return watch_in_background(self.settings, specs, interval, logged)
 
     def status(self) -> dict[str, Any]:
         """Counts from the manifest (no Chroma, no model): cheap enough for a status bar."""
@@ -220,8 +248,56 @@ class Brain:
         filters = SearchFilters(tuple(sources), tuple(tags), path_prefix, _date(since, "since"), _date(until, "until"),
                                 exclude_private=hide_private)
         llm = self.llm() if expand and not variants else None
+        freshness = self.refresh_if_stale() if self.auto_refresh else None
         with self._lock:
-            return search(self.searcher(), query, k, filters, mode=mode, variants=variants, llm=llm)
+            response = search(self.searcher(), query, k, filters, mode=mode, variants=variants, llm=llm)
+        filling = [m for m in self.settings.models if m not in self._search_models]
+        if filling:
+            response.coverage["filling_vectors"] = filling  # searched without them: BM25 covers every note
+        if freshness:
+            response.coverage["freshness"] = freshness
+        return response
+
+    def refresh_if_stale(self) -> dict[str, Any] | None:
+        """For long-running shells (page, MCP) without a watcher: when a source's last sync is older than
+        `[sync] stale_seconds`, sync every known source in the background. The call waits only for the listing and
+        the keyword index (changed notes are then found by their words); embedding goes on in the background."""
+        with self._refresh_guard:
+            if self._refreshing is not None and self._refreshing.is_alive():
+                return {"syncing": True}
+            now = time.time()
+            if now - self._last_refresh < self.settings.stale_seconds:
+                return None
+            ages = [now - (s["last_sync"] or 0) for s in self._source_rows()]
+            if not ages or max(ages) < self.settings.stale_seconds:
+                return None
+            self._last_refresh = now
+            searchable = threading.Event()
+            changes: list[SourceReport] = []
+            self._refreshing = threading.Thread(target=self._background_sync, args=(searchable, changes),
+                                                name="brain-refresh", daemon=True)
+            self._refreshing.start()
+        searchable.wait(REFRESH_WAIT_SECONDS)
+        changed = sum(r.added + r.updated + r.deleted for r in changes)
+        return {"checked": True, "stale_seconds": round(max(ages)), "changed_notes": changed,
+                "embedding_in_background": self._refreshing.is_alive()}
+
+    def _background_sync(self, searchable: threading.Event, changes: list[SourceReport]) -> None:
+        try:
+            self.sync(on_source=changes.append, on_searchable=searchable.set)
+        except Exception:  # busy or unreadable: the next stale check tries again; the search goes on meanwhile
+            log.warning("background refresh failed", exc_info=True)
+        finally:
+            searchable.set()
+
+    def _source_rows(self) -> list[dict[str, Any]]:
+        if not self.settings.manifest_path.exists():
+            return []
+        manifest = Manifest(self.settings.manifest_path)
+        try:
+            return list(manifest.sources().values())
+        finally:
+            manifest.close()
 
     def ask(
         self,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import threading
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlparse
@@ -46,7 +47,13 @@ def open_chroma(settings: Settings) -> Any:
         except Exception as exc:  # chromadb raises plain ValueError/ConnectionError variants
             raise StoreError(f"cannot reach the Chroma server at {settings.store_url}: {exc}") from None
     settings.chroma_path.mkdir(parents=True, exist_ok=True)
-    return chromadb.PersistentClient(path=str(settings.chroma_path), settings=chroma_settings)
+    with _OPENING:
+        return chromadb.PersistentClient(path=str(settings.chroma_path), settings=chroma_settings)
+
+
+# Chroma shares one system per path in a process but publishes it before it has started: a second thread opening the
+# same path meanwhile (a watcher's sync beside the page's search) got "RustBindingsAPI has no attribute bindings".
+_OPENING = threading.Lock()
 
 
 SEARCH_EF = 400

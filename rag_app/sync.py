@@ -193,6 +193,12 @@ class StopRequested:
     def __bool__(self) -> bool:
         return self._event.is_set()
 
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float) -> bool:
+        return self._event.wait(timeout)
+
 
 @contextmanager
 def stop_on_signals(stop: StopRequested) -> Iterator[None]:
@@ -213,6 +219,9 @@ def stop_on_signals(stop: StopRequested) -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+_ENCODERS: dict[tuple[str, str], Any] = {}  # used by one sync at a time (the sync lock); searches load their own
 
 
 def fill_order(models: list[str]) -> list[str]:
@@ -328,7 +337,10 @@ class _Applier:
         sizes = self.manifest.chunk_counts(lacking)
         total = sum(sizes.values())
         index = VectorIndex(self.settings, model, client=self.client)
-        embed = load_embedding(model, self.settings)
+        key = (model, repr(self.settings.remote_embedding))
+        if key not in _ENCODERS:  # kept for the process: a watcher's next sync starts embedding at once
+            _ENCODERS[key] = load_embedding(model, self.settings)
+        embed = _ENCODERS[key]
         self.report.model_loaded = True
         pipeline = embedding_pipeline(embed, index.vector_store())
         self.progress.start(total, model)
@@ -543,12 +555,13 @@ def sync_sources(
     progress: Progress | None = None,
     on_source: Callable[[SourceReport], None] | None = None,
     stop: StopRequested | None = None,
+    on_searchable: Callable[[], None] | None = None,
 ) -> SyncReport:
     """Sync the given sources (and only those) into the index under `settings.home`.
 
     Every source is listed and its changes chunked first, then BM25 is saved (keyword search covers every note), then
-    the dense models fill in their vectors. `stop` (or, in the main thread, Ctrl-C / SIGTERM) ends it early: what is
-    committed stays searchable, and the next sync resumes."""
+    the dense models fill in their vectors (`on_searchable` hears when that starts). `stop` (or, in the main thread,
+    Ctrl-C / SIGTERM) ends it early: what is committed stays searchable, and the next sync resumes."""
     started = time.monotonic()
     report = SyncReport()
     progress = progress or NoProgress()
@@ -568,6 +581,8 @@ def sync_sources(
                 if on_source:
                     on_source(source_report)
             refresh_keyword_index(settings, manifest)
+            if on_searchable:
+                on_searchable()
             try:
                 applier.fill()
             except Exception as exc:  # a model or store failure: the chunks are searchable, the rest is retried

@@ -1,0 +1,103 @@
+"""Freshness without thinking: `brain watch` (and `serve --watch`, `mcp --watch`) re-syncs a vault when its files
+change and polls Memos servers on an interval; long-running shells without a watcher refresh a stale index before a
+search, embedding in the background.
+
+Each sync takes the sync lock only while it runs, so a `brain sync` from a terminal can still get in between.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from rag_app.config import Settings, SourceSpec
+from rag_app.sync import StopRequested, SyncBusyError, SyncReport, stop_on_signals, sync_sources
+
+log = logging.getLogger("cflow_brain.watch")
+DEBOUNCE_MS = 300  # file events closer than this are one change (an editor's save is several events)
+BUSY_RETRY_SECONDS = 2.0
+
+
+class Watcher:
+    """Syncs `specs` once, then again whenever a vault's notes change or a Memos poll is due, until stopped.
+
+    `on_sync(trigger, report)` hears of every sync ("start", "files", "poll"); `stop` ends the loop (and the sync in
+    hand, after its batch)."""
+
+    def __init__(self, settings: Settings, specs: list[SourceSpec], interval: float = 60.0,
+                 on_sync: Callable[[str, SyncReport], None] | None = None, stop: StopRequested | None = None):
+        self.settings = settings
+        self.specs = specs
+        self.interval = interval
+        self.on_sync = on_sync or (lambda trigger, report: None)
+        self.stop = stop or StopRequested()
+        self.vaults = {Path(s.path).expanduser().resolve(): s for s in specs if s.kind == "vault"}
+        self.memos = [s for s in specs if s.kind == "memos"]
+
+    def run(self) -> None:
+        """Block until stopped. In the main thread, SIGINT and SIGTERM stop it."""
+        with stop_on_signals(self.stop):
+            next_poll = 0.0
+            for changed in self._events():  # watching starts first: a file saved during the first sync is an event
+                if self.stop:
+                    break
+                if not next_poll:
+                    self._sync(self.specs, "start")
+                    next_poll = time.monotonic() + self.interval
+                    continue
+                vaults = self._vaults_of(changed)
+                if vaults:
+                    self._sync(vaults, "files")
+                if self.memos and time.monotonic() >= next_poll:
+                    self._sync(self.memos, "poll")
+                    next_poll = time.monotonic() + self.interval
+
+    def _events(self) -> object:
+        """Sets of changed paths as they settle, and an empty set at least every second (so polls come on time)."""
+        if not self.vaults:
+            yield set()
+            while not self.stop.wait(1.0):
+                yield set()
+            return
+        from watchfiles import watch
+
+        for changes in watch(*self.vaults, debounce=DEBOUNCE_MS, step=50, rust_timeout=1000, yield_on_timeout=True,
+                             stop_event=self.stop, raise_interrupt=False):
+            yield {Path(path) for _, path in changes}
+
+    def _vaults_of(self, paths: set[Path]) -> list[SourceSpec]:
+        """The vault sources a change touches: notes (.md) and folders, not editor or Obsidian state."""
+        touched: dict[str, SourceSpec] = {}
+        for path in paths:
+            if path.suffix.lower() not in (".md", "") or any(p.startswith(".") for p in path.parts):
+                continue
+            for root, spec in self.vaults.items():
+                if path == root or root in path.parents:
+                    touched[spec.name] = spec
+        return list(touched.values())
+
+    def _sync(self, specs: list[SourceSpec], trigger: str) -> None:
+        while not self.stop:
+            try:
+                report = sync_sources(self.settings, specs, stop=self.stop)
+            except SyncBusyError:  # a `brain sync` from a terminal holds the lock: ours comes after it
+                if self.stop.wait(BUSY_RETRY_SECONDS):
+                    return
+                continue
+            except Exception:  # a watcher outlives a bad moment; the next event or poll tries again
+                log.exception("watch: sync (%s) failed", trigger)
+                return
+            self.on_sync(trigger, report)
+            return
+
+
+def watch_in_background(settings: Settings, specs: list[SourceSpec], interval: float,
+                        on_sync: Callable[[str, SyncReport], None] | None = None) -> StopRequested:
+    """Run a Watcher on a daemon thread (for `serve --watch` and `mcp --watch`); set the returned flag to stop it."""
+    stop = StopRequested()
+    watcher = Watcher(settings, specs, interval, on_sync, stop)
+    threading.Thread(target=watcher.run, name="brain-watch", daemon=True).start()
+    return stop
