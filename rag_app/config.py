@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 DEFAULT_EMBEDDING = "e5-small"
 FAST_EMBEDDING = "use-m3"
 REMOTE_PREFIX = "openai:"  # `openai:<name>[@<dimensions>]`: any OpenAI-compatible /v1/embeddings server
@@ -135,6 +137,32 @@ class RemoteEmbedding:
     timeout: float = 60.0  # seconds per request
 
 
+class _Section(BaseModel):
+    """A config section: unknown keys are errors that list the known ones; values are checked by type (strict: a
+    quoted "false" is not a boolean)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class LLMSection(_Section):
+    """[llm]: any OpenAI-compatible endpoint (env LLM_BASE_URL / LLM_MODEL / LLM_API_KEY win; the key never here)."""
+
+    base_url: str = ""
+    model: str = ""
+    context_window: int = Field(32768, ge=512, le=10_000_000)
+    timeout: float = Field(120.0, gt=0, le=3600)
+    max_retries: int = Field(2, ge=0, le=10)
+    budget_chars: int = Field(12_000, ge=1_000, le=1_000_000)  # the most note text sent with one question
+
+
+class MCPSection(_Section):
+    allow_private: bool = False  # agents (MCP, tools) see PRIVATE memos only when this is true
+
+
+class ServeSection(_Section):
+    obsidian: bool = False  # vault notes link to obsidian:// on the page
+
+
 @dataclass
 class Settings:
     home: Path
@@ -147,9 +175,9 @@ class Settings:
     lock_wait_seconds: float = 10.0
     stale_seconds: float = 300.0  # long-running shells without a watcher re-check sources older than this
     retrieval: dict[str, Any] = field(default_factory=dict)
-    llm: dict[str, Any] = field(default_factory=dict)
-    mcp: dict[str, Any] = field(default_factory=dict)
-    serve: dict[str, Any] = field(default_factory=dict)
+    llm: dict[str, Any] = field(default_factory=lambda: LLMSection().model_dump())
+    mcp: dict[str, Any] = field(default_factory=lambda: MCPSection().model_dump())
+    serve: dict[str, Any] = field(default_factory=lambda: ServeSection().model_dump())
     remote_embedding: RemoteEmbedding = field(default_factory=RemoteEmbedding)
 
     @property
@@ -229,7 +257,10 @@ def load_settings(home: str | os.PathLike[str] | None = None, store_url: str | N
             data = tomllib.loads(config_file.read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{config_file}: not valid TOML ({exc})") from None
-        _apply(settings, data, config_file)
+        try:
+            _apply(settings, data, config_file)
+        except ConfigError as exc:
+            raise ConfigError(str(exc) if str(config_file) in str(exc) else f"{config_file}: {exc}") from None
     env_store = os.environ.get("BRAIN_STORE_URL")
     settings.store_url = store_url or env_store or settings.store_url
     validate_embedding_model(settings.embedding_model)
@@ -273,13 +304,51 @@ def _apply(settings: Settings, data: dict[str, Any], where: Path) -> None:
                           "stale_seconds")
     settings.lock_wait_seconds = _number(sync, "sync.lock_wait_seconds", settings.lock_wait_seconds, 0.0, 3600.0)
     settings.stale_seconds = _number(sync, "sync.stale_seconds", settings.stale_seconds, 1.0, 30 * 86_400.0)
-    settings.retrieval = dict(data.get("retrieval", {}))
-    settings.llm = dict(data.get("llm", {}))
-    settings.mcp = dict(data.get("mcp", {}))
-    allow_private = settings.mcp.get("allow_private", False)
-    if not isinstance(allow_private, bool):
-        raise ConfigError(f"{where}: mcp.allow_private must be true or false (no quotes), got {allow_private!r}")
-    settings.serve = dict(data.get("serve", {}))
+    settings.retrieval = _retrieval_section(data.get("retrieval", {}), where)
+    settings.llm = _typed_section(LLMSection, "llm", data.get("llm", {}), where)
+    settings.mcp = _typed_section(MCPSection, "mcp", data.get("mcp", {}), where)
+    settings.serve = _typed_section(ServeSection, "serve", data.get("serve", {}), where)
+    for section in ("store",):
+        unknown = set(data.get(section, {})) - {"url"}
+        if unknown:
+            raise ConfigError(f"{where}: [{section}] has no setting(s) {sorted(unknown)}; known: url")
+
+
+def _typed_section(model: type[_Section], name: str, data: object, where: Path) -> dict[str, Any]:
+    """The section validated, with every default filled in (the defaults live in the model, nowhere else)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: [{name}] must be a table")
+    try:
+        return model(**data).model_dump()
+    except ValidationError as exc:
+        raise ConfigError(f"{where}: {_first_problem(exc, name, model)}") from None
+
+
+def _first_problem(exc: ValidationError, name: str, model: type[_Section]) -> str:
+    error = exc.errors()[0]
+    key = ".".join(str(part) for part in error["loc"])
+    if error["type"] == "extra_forbidden":
+        return f"[{name}] has no setting {key!r}; known: {', '.join(sorted(model.model_fields))}"
+    return f"{name}.{key}: {error['msg'].lower()}, got {error.get('input')!r}"
+
+
+def _retrieval_section(data: object, where: Path) -> dict[str, Any]:
+    """[retrieval], checked against the fusion's own settings (rag_app.query.RetrievalConfig holds the defaults)."""
+    from dataclasses import fields
+
+    from rag_app.query import RetrievalConfig
+
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: [retrieval] must be a table")
+    defaults = RetrievalConfig()
+    known = {f.name: type(getattr(defaults, f.name)) for f in fields(RetrievalConfig)}
+    for key, value in data.items():
+        if key not in known:
+            raise ConfigError(f"{where}: [retrieval] has no setting {key!r}; known: {', '.join(sorted(known))}")
+        kind = known[key]
+        if isinstance(value, bool) != (kind is bool) or not isinstance(value, int | float if kind is float else kind):
+            raise ConfigError(f"{where}: retrieval.{key} must be {kind.__name__}, got {value!r}")
+    return dict(data)
 
 
 _EMBEDDING_KEYS = {"model", "second_model", "base_url", "dimensions", "batch_size", "concurrency", "max_retries",
@@ -319,7 +388,7 @@ def _remote_embedding(section: dict[str, Any], where: Path) -> RemoteEmbedding:
 def _number(section: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
     value = section.get(name.split(".")[-1], default)
     if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise ConfigError(f"{name} must be a number from {low:g} to {high:g}, got {value!r}")
+        raise ConfigError(f"{name} must be a number from {low:,.0f} to {high:,.0f}, got {value!r}")
     return float(value)
 
 

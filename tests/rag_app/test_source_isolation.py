@@ -176,7 +176,7 @@ def test_a_source_name_that_would_break_note_ids_is_refused(name: str):
 @pytest.mark.parametrize("value", ['"false"', '"no"', "0", '"true"'])
 def test_allow_private_must_be_a_boolean(tmp_path: Path, value: str):
     (tmp_path / "config.toml").write_text(f"[mcp]\nallow_private = {value}\n", encoding="utf-8")
-    with pytest.raises(ConfigError, match="mcp.allow_private must be true or false"):
+    with pytest.raises(ConfigError, match="mcp.allow_private: input should be a valid boolean"):
         load_settings(tmp_path)
 
 
