@@ -126,8 +126,10 @@ def sync(ctx: click.Context, vaults: tuple[str, ...], memos: tuple[str, ...], na
                    err=True)
     if report.failed:
         for failed in (s for s in report.sources if s.failed):
-            click.echo(f"brain: source {_plain(failed.name)} failed, nothing of it changed: {_plain(failed.error)}",
-                       err=True)
+            after = (" It was not remembered: fix it and sync again." if not failed.remembered else
+                     f" To stop syncing it: brain source remove {_plain(failed.name)}")
+            click.echo(f"brain: source {_plain(failed.name)} failed, nothing of it changed: {_plain(failed.error)}."
+                       + after, err=True)
         if report.fill_error:
             click.echo(f"brain: embedding stopped, notes stay searchable by keyword and the next sync resumes: "
                        f"{_plain(report.fill_error)}", err=True)
@@ -139,7 +141,7 @@ def sync(ctx: click.Context, vaults: tuple[str, ...], memos: tuple[str, ...], na
 def _source_line(result: SourceReport, verbose: bool) -> str:
     head = f"{_plain(result.name)} ({result.kind}): "
     if result.failed:
-        return head + f"FAILED — {_plain(result.error)}; the index keeps what it had"
+        return head + "FAILED, the index keeps what it had (reason below)"
     line = (head + f"{result.added} added, {result.updated} updated, {result.deleted} deleted, "
             f"{result.unchanged} unchanged, {result.skipped} skipped")
     if result.warnings:
@@ -329,6 +331,8 @@ def watch(ctx: click.Context, vaults: tuple[str, ...], memos: tuple[str, ...], i
             return
         for result in report.sources:
             click.echo(f"[{trigger}] " + _source_line(result, verbose=False))
+            if result.failed:
+                click.echo(f"brain: source {_plain(result.name)} failed: {_plain(result.error)}", err=True)
         if report.fill_error:
             click.echo(f"brain: embedding stopped, the next sync resumes: {_plain(report.fill_error)}", err=True)
 

@@ -82,6 +82,8 @@ class SourceSpec:
             raise ConfigError(f"source {spec.name!r}: a vault source needs 'path'")
         if kind == "memos" and not spec.url:
             raise ConfigError(f"source {spec.name!r}: a memos source needs 'url'")
+        if kind == "memos":
+            check_memos_url(spec.url, spec.name or spec.url)
         if not spec.name:
             spec.name = default_source_name(spec)
         if not _SOURCE_NAME.fullmatch(spec.name) or spec.name.strip(". ") == "" or spec.name != spec.name.strip():
@@ -121,7 +123,24 @@ def vault_source(path: str) -> SourceSpec:
 
 
 def memos_source(url: str) -> SourceSpec:
-    return SourceSpec.from_dict({"kind": "memos", "url": url.rstrip("/")})
+    return SourceSpec.from_dict({"kind": "memos", "url": url.strip().rstrip("/")})
+
+
+def check_memos_url(url: str, name: str) -> None:
+    """A Memos URL is http(s)://host[:port][/path]: anything else is a typo, refused before it is remembered."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        port_ok = parts.port is None or 0 < parts.port < 65536
+    except ValueError:
+        port_ok = False
+        parts = urlsplit("")
+    host = parts.hostname or ""
+    if parts.scheme not in ("http", "https") or not port_ok or not re.fullmatch(r"[\w.\-]+|\[[0-9a-fA-F:.]+\]|"
+                                                                                r"[0-9a-fA-F:]+", host):
+        raise ConfigError(f"source {name!r}: the Memos URL must look like https://memos.example.com "
+                          f"(http or https, then a host), got {url!r}")
 
 
 @dataclass

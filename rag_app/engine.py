@@ -244,6 +244,11 @@ class Brain:
         """Hybrid search over every note; see rag_app.retrieve for what each result holds."""
         from rag_app.retrieve import search
 
+        if sources:
+            known = {s.name for s in self.known_sources()} | {"vault", "memos"}
+            unknown = [name for name in sources if name not in known]
+            if unknown:
+                raise SearchError(f"unknown source {unknown[0]!r}; known: {', '.join(sorted(known))}")
         hide_private = audience == "agent" and not self.settings.mcp.get("allow_private", False)
         filters = SearchFilters(tuple(sources), tuple(tags), path_prefix, _date(since, "since"), _date(until, "until"),
                                 exclude_private=hide_private)

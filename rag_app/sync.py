@@ -66,6 +66,7 @@ class SourceReport:
     failed: bool = False
     error: str | None = None
     warnings: list[str] = field(default_factory=list)
+    remembered: bool = True  # False: its first sync failed, so later syncs do not try it again
 
 
 @dataclass
@@ -622,6 +623,7 @@ def remove_source(settings: Settings, name: str) -> int:
 
 def _sync_one(spec: SourceSpec, manifest: Manifest, applier: _Applier) -> SourceReport:
     result = SourceReport(name=spec.name, kind=spec.kind)
+    first_time = spec.name not in manifest.sources()
     manifest.put_source(spec.name, spec.kind, spec.to_dict())
     try:
         token, token_warning = memos_token(spec, manifest) if spec.kind == "memos" else (None, None)
@@ -630,7 +632,11 @@ def _sync_one(spec: SourceSpec, manifest: Manifest, applier: _Applier) -> Source
         result.failed = True
         result.error = _one_line(exc, spec.token_env)
         log.warning("source %s failed, nothing changed: %s", spec.name, result.error)
-        manifest.record_result(spec.name, asdict(result), succeeded=False)
+        if first_time:  # a typo or an unreachable server is not remembered: a plain `brain sync` won't retry it
+            manifest.delete_source(spec.name)
+            result.remembered = False
+        else:
+            manifest.record_result(spec.name, asdict(result), succeeded=False)
         return result
     if token and not spec.token_env and manifest.get_meta(TOKEN_ORIGIN) is None:
         manifest.set_meta(TOKEN_ORIGIN, url_origin(spec.url))

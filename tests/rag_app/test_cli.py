@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, free_port
 from tests.doubles.memos_server import MemosDouble, seed_memos
 
 BRAIN = [sys.executable, "-m", "rag_app.cli"]
@@ -134,3 +134,35 @@ def test_a_signalled_sync_stops_within_seconds_and_the_next_one_finishes_the_res
     rest = json.loads(brain(home, "sync", "--json").stdout)
     assert rest["sources"][0]["unchanged"] == 60 and rest["vectors"] == {"e5-small": 60 - filled["chunks"]}
     assert json.loads(brain(home, "status", "--json").stdout)["channels"]["e5-small"]["complete"] is True
+
+
+def test_a_memos_url_that_is_not_one_is_refused_and_never_remembered(home):
+    for bad in ("not-a-url", "memos.example.com", "ftp://memos.example.com", "http://exa mple.com"):
+        done = brain(home, "sync", "--memos", bad)
+        assert done.returncode == 2 and "the Memos URL must look like https://" in done.stderr, bad
+        assert done.stderr.count("brain:") == 1
+    assert json.loads(brain(home, "source", "list", "--json").stdout) == []
+
+
+def test_a_first_sync_that_fails_is_not_remembered_a_later_failure_names_the_way_out(home):
+    unreachable = f"http://127.0.0.1:{free_port()}"
+    done = brain(home, "sync", "--memos", unreachable, env={"CFLOW_API_TOKEN": "memos_pat_test"})
+    assert done.returncode == 1 and "not remembered" in done.stderr and done.stderr.count("brain:") == 1
+    assert json.loads(brain(home, "source", "list", "--json").stdout) == []
+    with MemosDouble(mode="head") as double:
+        double.add_memo("a memo")
+        assert brain(home, "sync", "--memos", double.url, env={"CFLOW_API_TOKEN": "memos_pat_test"}).returncode == 0
+        url = double.url
+    later = brain(home, "sync", env={"CFLOW_API_TOKEN": "memos_pat_test"})
+    name = url.removeprefix("http://").replace(":", "-")
+    assert later.returncode == 1 and f"brain source remove {name}" in later.stderr
+    assert later.stderr.count("connection failed") == 1 and "connection failed" not in later.stdout
+    assert [s["name"] for s in json.loads(brain(home, "source", "list", "--json").stdout)] == [name]
+
+
+def test_searching_an_unknown_source_names_the_known_ones(home, make_vault):
+    vault = make_vault({"a.md": "# A\n\nalpha"})
+    brain(home, "sync", "--vault", str(vault))
+    done = brain(home, "search", "alpha", "--source", "nope")
+    assert done.returncode == 2 and "unknown source 'nope'; known: memos, notes, vault" in done.stderr
+    assert brain(home, "search", "alpha", "--source", "notes").returncode == 0
