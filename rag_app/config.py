@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 DEFAULT_EMBEDDING = "e5-small"
 FAST_EMBEDDING = "use-m3"
@@ -182,6 +182,31 @@ class ServeSection(_Section):
     obsidian: bool = False  # vault notes link to obsidian:// on the page
 
 
+class CaptureSection(_Section):
+    """[capture]: agents may save new notes (off by default) into one source: a folder of a vault, or a Memos server
+    (as PRIVATE memos). The source is looked up when a note is captured; the folder never leaves the vault."""
+
+    enabled: bool = False
+    source: str = Field("", max_length=100, validate_default=True)
+    folder: str = Field("Inbox", max_length=300)
+
+    @field_validator("source")
+    @classmethod
+    def _source_when_enabled(cls, value: str, info: ValidationInfo) -> str:
+        if info.data.get("enabled") and not value.strip():
+            raise ValueError("name the vault or memos source captured notes go to")
+        return value
+
+    @field_validator("folder")
+    @classmethod
+    def _folder_inside_vault(cls, value: str) -> str:
+        parts = value.split("/")
+        if any(not p.strip() or p.startswith(".") or "\\" in p or not p.isprintable() for p in parts):
+            raise ValueError("give a folder inside the vault, relative (a/b), without '..', dot-folders or "
+                             "backslashes")
+        return value
+
+
 @dataclass
 class Settings:
     home: Path
@@ -197,6 +222,7 @@ class Settings:
     llm: dict[str, Any] = field(default_factory=lambda: LLMSection().model_dump())
     mcp: dict[str, Any] = field(default_factory=lambda: MCPSection().model_dump())
     serve: dict[str, Any] = field(default_factory=lambda: ServeSection().model_dump())
+    capture: dict[str, Any] = field(default_factory=lambda: CaptureSection().model_dump())
     remote_embedding: RemoteEmbedding = field(default_factory=RemoteEmbedding)
 
     @property
@@ -287,7 +313,8 @@ def load_settings(home: str | os.PathLike[str] | None = None, store_url: str | N
 
 
 def _apply(settings: Settings, data: dict[str, Any], where: Path) -> None:
-    known = {"sources", "embedding", "chunking", "store", "sync", "llm", "retrieval", "serve", "mcp"}
+    known = {"sources", "embedding", "chunking", "store", "sync", "llm", "retrieval", "serve", "mcp",
+             "capture"}
     unknown = set(data) - known
     if unknown:
         raise ConfigError(f"{where}: unknown section(s) {sorted(unknown)}; known: {sorted(known)}")
@@ -327,6 +354,7 @@ def _apply(settings: Settings, data: dict[str, Any], where: Path) -> None:
     settings.llm = _typed_section(LLMSection, "llm", data.get("llm", {}), where)
     settings.mcp = _typed_section(MCPSection, "mcp", data.get("mcp", {}), where)
     settings.serve = _typed_section(ServeSection, "serve", data.get("serve", {}), where)
+    settings.capture = _typed_section(CaptureSection, "capture", data.get("capture", {}), where)
     for section in ("store",):
         unknown = set(data.get(section, {})) - {"url"}
         if unknown:
