@@ -86,6 +86,7 @@ def _print_json(data: Any) -> None:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="cflow-brain", prog_name="brain")
 @click.option("--home", envvar="BRAIN_HOME", type=click.Path(file_okay=False), help="State directory [env BRAIN_HOME].")
 @click.option("--store-url", envvar="BRAIN_STORE_URL", help="Chroma server, e.g. http://127.0.0.1:8000.")
 @click.pass_context
