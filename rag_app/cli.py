@@ -12,6 +12,7 @@ from typing import Any, NoReturn
 
 import click
 
+from rag_app.answer import NO_NOTES
 from rag_app.engine import Brain, ConfigError, SearchError, SourceReport, StoreError, SyncBusyError, SyncReport
 
 EXIT_FAILED, EXIT_USAGE, EXIT_BUSY, EXIT_INTERRUPTED = 1, 2, 3, 130
@@ -204,7 +205,7 @@ def search_command(ctx: click.Context, query: str | None, k: int, as_json: bool,
     if as_json:
         _print_json(response.to_dict())
         return
-    _print_results(response)
+    _print_results(response, empty=not response.results and brain.status()["notes"] == 0)
 
 
 def _batch(brain: Brain, lines: Any, k: int, options: dict[str, Any]) -> None:
@@ -227,13 +228,13 @@ def _batch(brain: Brain, lines: Any, k: int, options: dict[str, Any]) -> None:
                                "ms": round(response.timing["total_ms"], 2)}, ensure_ascii=False))
 
 
-def _print_results(response: Any) -> None:
+def _print_results(response: Any, empty: bool = False) -> None:
     coverage = response.coverage
     if coverage.get("time_phrase"):
         phrase = coverage["time_phrase"]
         click.echo(f"(time filter from \"{phrase['phrase']}\": {phrase['since']} – {phrase['until']})")
     if not response.results:
-        click.echo("no matching notes")
+        click.echo(NO_NOTES if empty else "no matching notes")
         return
     for n, result in enumerate(response.results, 1):
         where = result.get("path") or result.get("url") or ""
@@ -245,36 +246,99 @@ def _print_results(response: Any) -> None:
 @main.command("ask")
 @click.argument("question")
 @click.option("-k", "k", default=6, show_default=True, type=click.IntRange(1, 20), help="Notes to draw on.")
+@click.option("--session", default=None, help="Continue this conversation (created on first use).")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--source", "sources", multiple=True, help="Only these sources.")
 @click.option("--tag", "tags", multiple=True, help="Only notes with this tag.")
 @click.option("--since", default=None, help="Only notes dated on or after YYYY-MM-DD.")
 @click.option("--until", default=None, help="Only notes dated on or before YYYY-MM-DD.")
 @click.pass_context
-def ask_command(ctx: click.Context, question: str, k: int, as_json: bool, sources: tuple[str, ...],
-                tags: tuple[str, ...], since: str | None, until: str | None) -> None:
-    """Answer from your notes only, citing them as [n] (an LLM if configured, else the best passages)."""
+def ask_command(ctx: click.Context, question: str, k: int, session: str | None, as_json: bool,
+                sources: tuple[str, ...], tags: tuple[str, ...], since: str | None, until: str | None) -> None:
+    """Answer from your notes only, citing them as [n] (an LLM if configured, else the best passages).
+
+    With --session, a follow-up ("第二部是谁导演的？") is read in the light of the earlier turns."""
     brain = _open(ctx)
     stream = not as_json and sys.stdout.isatty()
+    unbold = _Unbold()
 
     def on_token(piece: str) -> None:
-        click.echo(_plain(piece, keep_lines=True), nl=False)
+        click.echo(_plain(unbold.feed(piece), keep_lines=True), nl=False)
 
     with _reported():
-        response = brain.ask(question, k, sources=sources, tags=tags, since=since, until=until,
+        response = brain.ask(question, k, session=session, sources=sources, tags=tags, since=since, until=until,
                              on_token=on_token if stream else None)
     if as_json:
         _print_json(response.to_dict())
         return
-    if not stream:
-        click.echo(_plain(response.answer, keep_lines=True))
-    click.echo("")
-    click.echo("Sources:")
+    coverage = response.coverage
+    if coverage.get("condensed_query") and coverage["condensed_query"] != question:
+        click.echo(f"(follow-up searched as: {_plain(coverage['condensed_query'])})", err=True)
+    if stream:
+        click.echo(_plain(unbold.flush(), keep_lines=True))
+    else:
+        click.echo(_plain(_unmark(response.answer), keep_lines=True))
+    if response.citations:
+        click.echo("")
+        click.echo("Sources:")
     for citation in response.citations:
         click.echo(f"  [{citation['n']}] {_plain(citation['title'])} — "
                    f"{_plain(citation.get('url') or citation.get('path'))} ({citation['strength']})")
-    if response.coverage.get("llm_error"):
-        click.echo(f"(LLM unavailable: {_plain(response.coverage['llm_error'])}; showing passages instead)", err=True)
+    if coverage.get("llm_error"):
+        click.echo(f"brain: LLM unavailable ({_plain(coverage['llm_error'])}); showing passages", err=True)
+    elif coverage.get("llm_missing"):
+        from rag_app.llm import missing_message
+
+        click.echo(f"brain: {missing_message(coverage['llm_missing'])}; showing passages", err=True)
+
+
+def _unmark(text: str) -> str:
+    """The page's markdown emphasis (query words in **bold**) as plain terminal text."""
+    return text.replace("**", "")
+
+
+class _Unbold:
+    """`_unmark` over a stream: a "*" that ends one piece waits for the next (it may be half of "**")."""
+
+    def __init__(self) -> None:
+        self._pending = ""
+
+    def feed(self, piece: str) -> str:
+        text = self._pending + piece
+        self._pending = "*" if text.endswith("*") and not text.endswith("**") else ""
+        return _unmark(text[: len(text) - len(self._pending)])
+
+    def flush(self) -> str:
+        pending, self._pending = self._pending, ""
+        return pending
+
+
+@main.group("sessions", invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def sessions_group(ctx: click.Context, as_json: bool) -> None:
+    """List conversations (name, turns, last question, last used), newest first; `delete NAME` removes one."""
+    if ctx.invoked_subcommand is not None:
+        return
+    rows = _open(ctx).sessions()
+    if as_json:
+        _print_json(rows)
+        return
+    if not rows:
+        click.echo('no sessions yet: brain ask "QUESTION" --session NAME starts one')
+    for row in rows:
+        click.echo(f"{_plain(row['name'])}\t{row['turns']} turn(s)\t{row['updated']}\t"
+                   f"{_plain(row['last_question'] or '')[:80]}")
+
+
+@sessions_group.command("delete")
+@click.argument("name")
+@click.pass_context
+def sessions_delete(ctx: click.Context, name: str) -> None:
+    """Delete the conversation NAME and its turns (the notes are untouched)."""
+    with _reported():
+        _open(ctx).delete_session(name)
+    click.echo(f"deleted session {_plain(name)}")
 
 
 @main.group()

@@ -26,6 +26,7 @@ from rag_app.config import (
 from rag_app.graph import LinkGraph
 from rag_app.manifest import Manifest
 from rag_app.query import SearchError, SearchFilters
+from rag_app.sessions import SessionError, SessionNotFound, SessionStore
 from rag_app.store import StoreError
 from rag_app.sync import (
     Progress,
@@ -43,8 +44,8 @@ if TYPE_CHECKING:
     from rag_app.answer import AnswerResponse
     from rag_app.retrieve import SearchIndex, SearchResponse
 
-__all__ = ["Brain", "ConfigError", "NoteNotFound", "Progress", "SearchError", "SourceReport", "StopRequested",
-           "StoreError", "SyncBusyError", "SyncReport"]
+__all__ = ["Brain", "ConfigError", "NoteNotFound", "Progress", "SearchError", "SessionError", "SessionNotFound",
+           "SourceReport", "StopRequested", "StoreError", "SyncBusyError", "SyncReport"]
 
 
 log = logging.getLogger("cflow_brain.engine")
@@ -309,6 +310,7 @@ class Brain:
         question: str,
         k: int = 6,
         *,
+        session: str | None = None,
         sources: tuple[str, ...] = (),
         tags: tuple[str, ...] = (),
         since: str | dt.date | None = None,
@@ -317,33 +319,121 @@ class Brain:
         budget: int | None = None,
         audience: str = "user",
     ) -> AnswerResponse:
-        """Search, then answer only from the notes found, citing them as [n]. Without an LLM: extractive passages."""
-        from rag_app import answer as answers
+        """Search, then answer only from the notes found, citing them as [n]. Without an LLM: extractive passages.
 
-        found = self.search(question, k, sources=sources, tags=tags, since=since, until=until, audience=audience)
+        With a `session`, the question continues that conversation: it is condensed with the earlier turns into the
+        standalone query that is searched (`coverage["condensed_query"]`), the LLM sees the history within the budget,
+        and the turn is stored."""
+        from rag_app import answer as answers
+        from rag_app.llm import error_reason, llm_config, missing_message
+
+        history = self._sessions.turns(session) if session is not None else []
+        config = llm_config(self.settings.llm)
+        llm = self.llm()
+        llm_error = None
+        query = question
+        if history:
+            query, llm_error = self._condense(question, history, llm, config.api_key)
+        found = self.search(query, k, sources=sources, tags=tags, since=since, until=until, audience=audience)
         citations = answers.citations_from(found.results)
         coverage = dict(found.coverage)
         coverage["not_found"] = not found.results
-        llm = self.llm()
-        if llm is None or not found.results:
-            text = answers.extractive_answer(question, found.results, citations)
-            if on_token is not None:
-                on_token(text)
-            return answers.AnswerResponse(text, citations, coverage, "extractive")
-        with self._lock:
-            manifest = self.searcher().manifest
-            full = {r["note_id"]: (manifest.note_doc(r["note_id"]) or ("",))[0] for r in found.results[:3]}
-        context = answers.build_context(found.results, full, budget or int(self.settings.llm.get("budget_chars",
-                                                                                                   12_000)))
-        try:
-            text = answers.llm_answer(llm, question, context, on_token)
-        except Exception as exc:  # the LLM is optional: fall back, say why, never fail the question
-            coverage["llm_error"] = " ".join(str(exc).split())[:200]
-            text = answers.extractive_answer(question, found.results, citations)
-            return answers.AnswerResponse(text, citations, coverage, "extractive", len(context))
-        cited = answers.cited_numbers(text, len(citations))
-        coverage["cited"] = cited
-        return answers.AnswerResponse(text, citations, coverage, "llm", len(context), cited)
+        if history:
+            coverage["condensed_query"] = query
+        if not found.results and self.status()["notes"] == 0:
+            coverage["empty_index"] = True
+        total = budget or int(self.settings.llm.get("budget_chars", answers.DEFAULT_BUDGET))
+        notice = None
+        if config.missing:
+            coverage.update(llm="incomplete", llm_missing=config.missing)
+            notice = f"{missing_message(config.missing)}; showing passages"
+        elif llm is None:
+            coverage["llm"] = "off"
+        if llm is not None and found.results and llm_error is None:
+            with self._lock:
+                manifest = self.searcher().manifest
+                full = {r["note_id"]: (manifest.note_doc(r["note_id"]) or ("",))[0] for r in found.results[:3]}
+            past = self._history_messages(history, total)
+            context = answers.build_context(found.results, full, total - sum(len(m.content or "") for m in past))
+            try:
+                text = answers.llm_answer(llm, question, context, on_token, past)
+            except Exception as exc:  # the LLM is optional: fall back, say why, never fail the question
+                llm_error = error_reason(exc, config.api_key)
+            else:
+                cited = answers.cited_numbers(text, len(citations))
+                coverage.update(cited=cited, llm="used")
+                return self._remember(session, question, answers.AnswerResponse(
+                    text, citations, coverage, "llm", len(context), cited))
+        if llm_error is not None:
+            coverage.update(llm="unavailable", llm_error=llm_error)
+            notice = f"LLM unavailable ({llm_error}); showing passages"
+        coverage.setdefault("llm", "unused")  # configured, but nothing was found to answer from
+        if coverage.get("empty_index"):
+            text = answers.NO_NOTES
+        else:
+            text = answers.extractive_answer(question, found.results, citations, notice, query)
+        if on_token is not None:
+            on_token(text)
+        return self._remember(session, question, answers.AnswerResponse(text, citations, coverage, "extractive"))
+
+    def _condense(self, question: str, history: list[dict[str, Any]], llm: Any,
+                  secret: str) -> tuple[str, str | None]:
+        """(standalone query, LLM error): CondensePlusContextChatEngine's condense step with an LLM, else (or when
+        it fails) the follow-up with the last turn's subject (rag_app.sessions.condense_without_llm)."""
+        from rag_app.llm import error_reason
+        from rag_app.sessions import condense_prompt, condense_without_llm, standalone_from_reply
+
+        if llm is not None:
+            try:
+                condensed = standalone_from_reply(str(llm.complete(condense_prompt(question, history))))
+            except Exception as exc:  # unreachable: the answer falls back to passages, and says why
+                return condense_without_llm(question, history), error_reason(exc, secret)
+            if condensed:
+                return condensed, None
+        return condense_without_llm(question, history), None
+
+    @staticmethod
+    def _history_messages(history: list[dict[str, Any]], budget: int) -> list[Any]:
+        """Earlier turns for the answer request: at most a quarter of the character budget, newest first."""
+        from rag_app.sessions import history_messages
+
+        return history_messages(history, budget // 4) if history else []
+
+    def _remember(self, session: str | None, question: str, response: AnswerResponse) -> AnswerResponse:
+        if session is not None:
+            self._sessions.append(session, {"question": question, "answer": response.answer,
+                                            "citations": response.citations, "coverage": response.coverage,
+                                            "mode": response.mode})
+        return response
+
+    @property
+    def _sessions(self) -> SessionStore:
+        return SessionStore(self.settings.home / "sessions.sqlite")
+
+    def sessions(self) -> list[dict[str, Any]]:
+        """Every conversation: {"name", "turns", "last_question", "updated"} (ISO time), most recent first."""
+        return self._sessions.list()
+
+    def session(self, name: str) -> dict[str, Any]:
+        """{"name", "turns": [{"question", "answer", "citations", "coverage", "mode", "asked"}]}; SessionNotFound
+        for a name never used."""
+        return self._sessions.get(name)
+
+    def rename_session(self, old: str, new: str) -> None:
+        self._sessions.rename(old, new)
+
+    def delete_session(self, name: str) -> None:
+        self._sessions.delete(name)
+
+    def new_session_name(self) -> str:
+        """A readable unused name such as "2026-12-01 14:03" (the session exists once a question is asked in it)."""
+        return self._sessions.new_name()
+
+    def llm_state(self) -> dict[str, Any]:
+        """{"configured", "missing", "model", "base_url"}: "missing" names what a half-done configuration lacks."""
+        from rag_app.llm import llm_config
+
+        return llm_config(self.settings.llm).state()
 
     def graph(self) -> LinkGraph:
         """The link graph of everything indexed (rebuilt when the index changed)."""

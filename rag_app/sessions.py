@@ -220,16 +220,17 @@ def standalone_from_reply(reply: str) -> str:
 
 def history_messages(history: list[dict[str, Any]], budget: int) -> list[Any]:
     """Earlier turns as chat messages (user question, assistant answer), the newest kept first within `budget`
-    characters, returned oldest first."""
+    characters (answers shortened to fit), returned oldest first."""
     from llama_index.core.llms import ChatMessage, MessageRole
 
     kept: list[Any] = []
     used = 0
     for turn in reversed(history):
-        answer = without_citations(turn["answer"])[:HISTORY_ANSWER_CHARS]
-        size = len(turn["question"]) + len(answer)
-        if used + size > budget:
+        room = min(HISTORY_ANSWER_CHARS, budget - used - len(turn["question"]))
+        if room < 100:
             break
+        answer = without_citations(turn["answer"])[:room]
+        size = len(turn["question"]) + len(answer)
         kept[:0] = [ChatMessage(role=MessageRole.USER, content=turn["question"]),
                     ChatMessage(role=MessageRole.ASSISTANT, content=answer)]
         used += size
