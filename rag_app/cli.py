@@ -427,16 +427,13 @@ def _keep_fresh(brain: Brain, watch_sources: bool, interval: float) -> None:
               help="With --watch: seconds between Memos polls.")
 @click.pass_context
 def serve(ctx: click.Context, host: str, port: int, watch_sources: bool, interval: float) -> None:
-    """The chat page: cited answers, filters, status, sync and related notes in the browser."""
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # app.py sits at the repo root, outside the package
-    import app
+    """The chat page: conversations with cited answers, notes opened in place, filters, status and sync."""
+    from rag_app import page
 
     brain = _open(ctx)
     _keep_fresh(brain, watch_sources, interval)
     with _reported():
-        app.serve(brain, host, port)
+        page.serve(brain, host, port)
 
 
 @main.command("mcp")
@@ -497,6 +494,77 @@ def _print_doctor(result: dict[str, Any]) -> None:
         if found["count"]:
             click.echo(f"{kind}: {found['count']} (e.g. {_plain(', '.join(found['examples'][:3]))})")
     click.echo("ok: the stores agree" if result["ok"] else "the stores disagree: run `brain doctor --repair`")
+
+
+
+@main.command("get")
+@click.argument("note_id")
+@click.option("--fresh", is_flag=True, help="Read the note again from its source and say whether the index is stale.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def get_command(ctx: click.Context, note_id: str, fresh: bool, as_json: bool) -> None:
+    """Print one note by its id (from `brain search`): text, tags, links; --fresh reads its source again."""
+    from rag_app.engine import NoteNotFound, SourceError
+
+    brain = _open(ctx)
+    try:
+        with _reported():
+            note = brain.get_note(note_id, max_chars=10_000_000, fresh=fresh)
+    except (NoteNotFound, SourceError) as exc:
+        _fail(str(exc), EXIT_FAILED)
+    if as_json:
+        _print_json(note)
+        return
+    click.echo(f"{_plain(note['title'])}  [{_plain(note['source'])}] {_plain(note.get('path') or note.get('url'))}")
+    if fresh:
+        state = ("deleted at its source" if note["deleted_at_source"] else
+                 "the index holds an older copy (run `brain sync`)" if note["stale"] else "the index is current")
+        click.echo(f"(read from the source at {note['read_at']}: {state})")
+    if note["tags"]:
+        click.echo("tags: " + ", ".join(_plain(t) for t in note["tags"]))
+    click.echo("")
+    click.echo(_plain(note["text"], keep_lines=True))
+
+
+@main.group("skill")
+def skill_group() -> None:
+    """The agent Skill that teaches Claude Code or Codex to search, read and cite your notes."""
+
+
+@skill_group.command("install")
+@click.option("--target", type=click.Choice(["claude", "codex"]), default="claude", show_default=True,
+              help="The agent whose skills folder to write to.")
+@click.option("--dir", "skills_dir", type=click.Path(file_okay=False),
+              help="Skills folder to use instead (the Skill goes into DIR/cflow-brain), e.g. .claude/skills.")
+@click.option("--force", is_flag=True, help="Overwrite a copy that was changed since it was installed.")
+@click.option("--json", "as_json", is_flag=True)
+def skill_install(target: str, skills_dir: str | None, force: bool, as_json: bool) -> None:
+    """Write the cflow-brain Skill where the agent looks (Claude Code: ~/.claude/skills, Codex: ~/.codex/skills)."""
+    from rag_app.agent_skill import SkillConflict, install_skill
+
+    try:
+        result = install_skill(target, skills_dir, force=force)
+    except SkillConflict as exc:
+        _fail(str(exc), EXIT_FAILED)
+    except OSError as exc:
+        _fail(f"cannot write the Skill: {exc.strerror or exc}", EXIT_FAILED)
+    if as_json:
+        _print_json({"path": str(result.path), "target": target, "written": result.written,
+                     "unchanged": result.unchanged})
+        return
+    if result.written:
+        click.echo(f"installed the cflow-brain Skill in {_plain(result.path)} ({len(result.written)} file(s) written); "
+                   f"restart {'Claude Code' if target == 'claude' else 'Codex'} to load it")
+    else:
+        click.echo(f"the cflow-brain Skill in {_plain(result.path)} is already this version")
+
+
+@skill_group.command("show")
+def skill_show() -> None:
+    """Print the Skill's SKILL.md."""
+    from rag_app.agent_skill import skill_files
+
+    click.echo(skill_files()["SKILL.md"].decode("utf-8"), nl=False)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rag_app.capture import CaptureError
 from rag_app.chunking import CHUNKER_VERSION, chunker_id
 from rag_app.config import (
     FAST_EMBEDDING,
@@ -23,6 +24,7 @@ from rag_app.config import (
     memos_source,
     vault_source,
 )
+from rag_app.fresh import SourceError
 from rag_app.graph import LinkGraph
 from rag_app.manifest import Manifest
 from rag_app.query import SearchError, SearchFilters
@@ -44,8 +46,9 @@ if TYPE_CHECKING:
     from rag_app.answer import AnswerResponse
     from rag_app.retrieve import SearchIndex, SearchResponse
 
-__all__ = ["Brain", "ConfigError", "NoteNotFound", "Progress", "SearchError", "SessionError", "SessionNotFound",
-           "SourceReport", "StopRequested", "StoreError", "SyncBusyError", "SyncReport"]
+__all__ = ["Brain", "CaptureError", "ConfigError", "NoteNotFound", "Progress", "SearchError", "SessionError",
+           "SessionNotFound", "SourceError", "SourceReport", "StopRequested",
+           "StoreError", "SyncBusyError", "SyncReport"]
 
 
 log = logging.getLogger("cflow_brain.engine")
@@ -443,14 +446,23 @@ class Brain:
                 self._graph = (index.stamp, LinkGraph.build(index.manifest.note_metadata()))
             return self._graph[1]
 
-    def get_note(self, note_id: str, max_chars: int = 20_000, audience: str = "user") -> dict[str, Any]:
-        """A note's full text (capped) with its metadata, links and backlinks. Takes note ids only, never paths."""
+    def get_note(self, note_id: str, max_chars: int = 20_000, audience: str = "user",
+                 fresh: bool = False) -> dict[str, Any]:
+        """A note's full text (capped) with its metadata, links and backlinks. Takes note ids only, never paths.
+
+        `fresh` reads the note again from its source (see rag_app.fresh) and says whether the indexed copy is
+        `stale`; links and backlinks stay those of the index."""
         note_id = validate_note_id(note_id)
         with self._lock:
-            found = self.searcher().manifest.note_doc(note_id)
+            manifest = self.searcher().manifest
+            found = manifest.note_doc(note_id)
+            entry = manifest.entries_for([note_id]).get(note_id)
         if found is None or not self._visible(found[1], audience):
             raise NoteNotFound(f"no note with id {note_id!r}")
         text, meta = found
+        freshness: dict[str, Any] = {}
+        if fresh:
+            text, meta, freshness = self._read_fresh(note_id, meta, entry.hash if entry else "", audience)
         graph = self.graph()
         hidden = graph.private if audience == "agent" and not self.settings.mcp.get("allow_private", False) else set()
         note = _citation_fields(note_id, meta)
@@ -465,8 +477,94 @@ class Brain:
             links=[n for n in graph.outgoing.get(note_id, []) if n not in hidden],
             backlinks=[n for n in graph.backlinks.get(note_id, []) if n not in hidden],
             broken_links=graph.broken.get(note_id, []),
+            **freshness,
         )
         return note
+
+    def _read_fresh(self, note_id: str, meta: dict[str, Any], indexed_hash: str,
+                    audience: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
+        """(text, metadata, freshness fields) of the note as its source holds it now."""
+        from rag_app.fresh import read_note
+
+        name = str(meta.get("source") or "")
+        spec = next((s for s in self.known_sources() if s.name == name), None)
+        if spec is None:
+            raise SourceError(f"the source {name!r} of this note is no longer known; it cannot be read again")
+        record = read_note(spec, note_id, meta, self._memos_token(spec) if spec.kind == "memos" else None)
+        read_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        if record is None:
+            return "", meta, {"fresh": True, "stale": True, "deleted_at_source": True, "read_at": read_at}
+        current = {**record.volatile, **record.metadata}
+        if not self._visible(current, audience):  # made PRIVATE since the last sync
+            raise NoteNotFound(f"no note with id {note_id!r}")
+        return record.text, current, {"fresh": True, "stale": record.content_hash != indexed_hash,
+                                      "deleted_at_source": False, "read_at": read_at}
+
+    def _memos_token(self, spec: SourceSpec) -> str | None:
+        """The token this Memos source may be sent (rag_app.sync.memos_token: one origin per token)."""
+        from rag_app.sync import memos_token
+
+        manifest = Manifest(self.settings.manifest_path)
+        try:
+            return memos_token(spec, manifest)[0]
+        finally:
+            manifest.close()
+
+    @property
+    def capture_enabled(self) -> bool:
+        """Whether `[capture] enabled = true`: only then do agents get the capture tool."""
+        return bool(self.settings.capture.get("enabled"))
+
+    def capture(self, text: str, title: str | None = None, tags: list[str] | None = None,
+                wait_seconds: float = 30.0) -> dict[str, Any]:
+        """Save a new note into the `[capture]` source (a vault folder, or a PRIVATE memo) and index it at once.
+
+        The source alone is synced; the call returns when the note is searchable by its words (seconds), while its
+        vectors are filled in the background. The reply gives the note id."""
+        from rag_app.capture import new_note, write_memo, write_vault_note
+
+        if not self.capture_enabled:
+            raise ConfigError("capture is off: set [capture] enabled = true and source = \"<source name>\" in "
+                              f"{self.settings.home / 'config.toml'}")
+        note = new_note(text, title, tags)
+        name = str(self.settings.capture.get("source") or "")
+        spec = next((s for s in self.known_sources() if s.name == name), None)
+        if spec is None:
+            raise ConfigError(f"[capture] source {name!r} is not a known source; known: "
+                              f"{sorted(s.name for s in self.known_sources()) or 'none'}")
+        if spec.kind == "vault":
+            saved = write_vault_note(spec, str(self.settings.capture.get("folder") or "Inbox"), note)
+        else:
+            saved = write_memo(spec, self._memos_token(spec), note)
+        reply: dict[str, Any] = {"note_id": saved.note_id, "title": note.title, "source": saved.source,
+                                 "kind": saved.kind, "tags": list(note.tags)}
+        reply.update({"path": saved.path} if saved.kind == "vault" else {"url": saved.url,
+                                                                         "visibility": saved.visibility})
+        reply.update(self._index_capture(spec.name, wait_seconds))
+        return reply
+
+    def _index_capture(self, source: str, wait_seconds: float) -> dict[str, Any]:
+        """Sync one source on a thread; wait until its notes are searchable by keyword, not for the vectors."""
+        searchable = threading.Event()
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                report = self.sync(names=(source,), on_searchable=searchable.set)
+                failed = next((s.error for s in report.sources if s.failed), None)
+                if failed:
+                    outcome["index_error"] = failed
+            except Exception as exc:  # busy or failing: the note is saved; the next sync indexes it
+                outcome["index_error"] = " ".join(str(exc).split())[:300]
+            finally:
+                searchable.set()
+
+        thread = threading.Thread(target=run, name="brain-capture-sync", daemon=True)
+        thread.start()
+        searchable.wait(wait_seconds)
+        if "index_error" in outcome:
+            return {"indexed": False, "index_error": outcome["index_error"]}
+        return {"indexed": searchable.is_set(), "embedding_in_background": thread.is_alive()}
 
     def related(self, note_id: str, k: int = 8, audience: str = "user") -> dict[str, Any]:
         """Notes linked to or from this one, then its nearest notes by meaning."""

@@ -1,4 +1,4 @@
-"""The four agent tools (search_notes, get_note, related_notes, brain_status), written once.
+"""The agent tools (search_notes, get_note, related_notes, brain_status; capture_note when enabled), written once.
 
 `BrainTools` holds the validation, privacy and output shaping; `brain_tools()` wraps it as LlamaIndex FunctionTools
 and tools.mcp_server wraps the same object for MCP. Annotations here stay real objects (no `from __future__ import
@@ -15,20 +15,23 @@ from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
 
 from pydantic import Field
 
-from rag_app.engine import Brain, ConfigError, NoteNotFound, SearchError
+from rag_app.answer import strength
+from rag_app.capture import MAX_CAPTURE_BYTES, MAX_TAGS, MAX_TITLE_CHARS
+from rag_app.engine import Brain, CaptureError, ConfigError, NoteNotFound, SearchError, SourceError
 
 if TYPE_CHECKING:
     from llama_index.core.tools import FunctionTool
 
-__all__ = ["TOOL_NAMES", "BrainTools", "ToolCallError", "ToolReply", "brain_tools"]
+__all__ = ["CAPTURE_TOOL", "TOOL_NAMES", "BrainTools", "ToolCallError", "ToolReply", "brain_tools"]
 
 log = logging.getLogger("cflow_brain.tools")
 
-TOOL_NAMES = ("search_notes", "get_note", "related_notes", "brain_status")
+TOOL_NAMES = ("search_notes", "get_note", "related_notes", "brain_status")  # always offered
+CAPTURE_TOOL = "capture_note"  # offered only when config.toml has [capture] enabled = true
 AUDIENCE = "agent"  # PRIVATE memos stay hidden unless config.toml has [mcp] allow_private = true
 MAX_K = 20
 MAX_QUERY_CHARS = 2_000
-MAX_QUERIES = 6
+MAX_QUERIES = 12  # one round of an agent's query variants
 MAX_FILTER_CHARS = 200
 MAX_DATE_CHARS = 32
 MAX_NOTE_ID_CHARS = 1_024
@@ -69,14 +72,19 @@ class BrainTools:
     def __init__(self, brain: Brain) -> None:
         self.brain = brain
 
+    def tool_names(self) -> tuple[str, ...]:
+        """The tools this brain offers: capture_note only when capture is enabled (otherwise it does not exist)."""
+        return TOOL_NAMES + ((CAPTURE_TOOL,) if self.brain.capture_enabled else ())
+
     def search_notes(
         self,
         query: Annotated[str | None, Field(
             description="What to look for, in the user's words (Chinese or English).",
             max_length=MAX_QUERY_CHARS)] = None,
         queries: Annotated[list[str] | None, Field(
-            description="Instead of or besides `query`: your own rewrites of the question (synonyms, the other "
-                        "language). The first is the main query when `query` is absent.",
+            description=f"Instead of or besides `query`: your own rewrites of the question (literal words, synonyms, "
+                        f"the other language, tags), up to {MAX_QUERIES} per call. The first is the main query when "
+                        "`query` is absent.",
             max_length=MAX_QUERIES)] = None,
         k: Annotated[int, Field(description=f"How many notes to return, 1 to {MAX_K}.", ge=1, le=MAX_K)] = 8,
         source: Annotated[str | None, Field(
@@ -93,9 +101,11 @@ class BrainTools:
         """Search the user's own notes (Markdown vaults and Memos) by meaning and by words, Chinese or English.
 
         Returns up to k notes, best first, each with note_id (for get_note and related_notes), title, source,
-        path or url, an excerpt, the passages that matched, tags and dates. The server does not rewrite the
-        query: pass your own variants in `queries`. A time phrase in the query (上个月, last week) filters by
-        date unless since/until are given. Cite the notes you use by title and path or url.
+        path or url, an excerpt, the passages that matched, tags, dates and `strength` (strong, related or weak:
+        its score against the best hit's). The server does not rewrite the query: pass your own variants in
+        `queries`. A time phrase in the query (上个月, last week) filters by date unless since/until are given.
+        `coverage` says which queries ran, which filters applied and which search channels were skipped or still
+        being filled. Cite the notes you use by title and path or url.
         """
         texts = [t for t in (_text("query", query, MAX_QUERY_CHARS), *_queries(queries)) if t]
         if not texts:
@@ -108,19 +118,31 @@ class BrainTools:
             variants=variants or None, expand=False, audience=AUDIENCE,
         )
         coverage = response.coverage
+        best = response.results[0]["score"] if response.results else 0.0
+        shown = ("queries", "filters", "time_phrase", "channels", "filling_vectors", "freshness")
         return {
             "query": main,
-            "results": [_result(r) for r in response.results],
-            "coverage": {key: coverage.get(key) for key in ("queries", "filters", "time_phrase")},
+            "results": [_result(r, best) for r in response.results],
+            "coverage": {key: coverage[key] for key in shown if coverage.get(key) is not None},
         }
 
-    def get_note(self, note_id: NoteId) -> dict[str, Any]:
+    def get_note(
+        self,
+        note_id: NoteId,
+        fresh: Annotated[bool, Field(
+            description="Read the note again from its source (the vault file, the Memos server) instead of the "
+                        "index; the reply says `stale` when the indexed copy differs.")] = False,
+    ) -> dict[str, Any]:
         """Read one note in full, with its metadata, tags, dates, outgoing links and backlinks.
 
         The text is capped at 20,000 characters (`truncated` and `chars` say when it was cut), lists at 50 items
-        (`<list>_total` gives the full count). Use it after search_notes when an excerpt is not enough.
+        (`<list>_total` gives the full count). Use it after search_notes when an excerpt is not enough. With
+        fresh=true the text is the source's current one: `stale` true means the index has an older copy (quote the
+        fresh text), `deleted_at_source` true means the note is gone from its source.
         """
-        return self.brain.get_note(_note_id(note_id), max_chars=NOTE_CHARS, audience=AUDIENCE)
+        if not isinstance(fresh, bool):
+            raise ToolCallError("fresh must be true or false")
+        return self.brain.get_note(_note_id(note_id), max_chars=NOTE_CHARS, audience=AUDIENCE, fresh=fresh)
 
     def related_notes(self, note_id: NoteId) -> dict[str, Any]:
         """Notes around one note: those it links to, those linking to it, then the nearest ones in meaning.
@@ -140,9 +162,28 @@ class BrainTools:
             "notes": status["notes"],
             "chunks": status["chunks"],
             "sources": status["sources"],
+            "channels": status["channels"],
             "embedding_model": status["embedding_model"],
             "private_memos_visible": bool(self.brain.settings.mcp.get("allow_private", False)),
+            "capture_enabled": self.brain.capture_enabled,
         }
+
+    def capture_note(
+        self,
+        text: Annotated[str, Field(
+            description="The note's content (Markdown), at most 100 KB.", min_length=1,
+            max_length=MAX_CAPTURE_BYTES)],
+        title: Annotated[str | None, Field(
+            description="A one-line title; default: the text's first line.", max_length=MAX_TITLE_CHARS)] = None,
+        tags: Annotated[list[str] | None, Field(
+            description="Tags without '#', e.g. ['reading', 'projects/brain'].", max_length=MAX_TAGS)] = None,
+    ) -> dict[str, Any]:
+        """Save a new note into the user's notes (the inbox folder of their vault, or a PRIVATE memo) and index it
+        at once, so search_notes finds it in this session. Returns its note_id.
+
+        Only save what the user asked to keep (a decision, a summary, a link); never overwrites anything.
+        """
+        return self.brain.capture(text, title, tags)
 
     @staticmethod
     def description(name: str) -> str:
@@ -157,14 +198,14 @@ class BrainTools:
     def _invoke(self, name: str, arguments: dict[str, Any]) -> ToolReply:
         """Run one tool; whatever goes wrong comes back as a one-line JSON error the agent can read."""
         try:
-            if name not in TOOL_NAMES:
-                raise ToolCallError(f"unknown tool; the tools are {', '.join(TOOL_NAMES)}")
+            if name not in self.tool_names():
+                raise ToolCallError(f"unknown tool; the tools are {', '.join(self.tool_names())}")
             method = getattr(self, name)
             unknown = sorted(set(arguments) - set(inspect.signature(method).parameters))
             if unknown:
                 raise ToolCallError(f"unknown argument(s): {', '.join(a[:40] for a in unknown[:5])}")
             return ToolReply(capped_json(method(**arguments)), False)
-        except (ToolCallError, SearchError, NoteNotFound, ConfigError) as exc:
+        except (ToolCallError, SearchError, NoteNotFound, ConfigError, CaptureError, SourceError) as exc:
             return ToolReply(capped_json({"error": str(exc), "tool": name}), True)
         except Exception:  # the agent gets one line; the traceback goes to brain.log
             log.exception("tool %s failed", name)
@@ -173,12 +214,13 @@ class BrainTools:
 
 
 def brain_tools(brain: Brain) -> list["FunctionTool"]:
-    """The four tools as LlamaIndex FunctionTools for any agent (FunctionAgent, ReActAgent); results are JSON text."""
+    """The tools as LlamaIndex FunctionTools for any agent (FunctionAgent, ReActAgent); results are JSON text.
+    capture_note is among them only when capture is enabled."""
     from llama_index.core.tools import FunctionTool  # here, not at the top: the MCP server starts without it
 
     tools = BrainTools(brain)
     made = []
-    for name in TOOL_NAMES:
+    for name in tools.tool_names():
         sync_fn, async_fn = _callables(tools, name)
         made.append(FunctionTool.from_defaults(fn=sync_fn, async_fn=async_fn, name=name,
                                                description=BrainTools.description(name)))
@@ -248,9 +290,10 @@ def _note_id(value: object) -> str:
     return value
 
 
-def _result(result: dict[str, Any]) -> dict[str, Any]:
-    """A search hit as agents see it: known fields only, matched passages capped."""
+def _result(result: dict[str, Any], best: float) -> dict[str, Any]:
+    """A search hit as agents see it: known fields only, its strength against the best hit, passages capped."""
     shaped = {key: result[key] for key in RESULT_KEYS if result.get(key) is not None}
+    shaped["strength"] = strength(result["score"], best)
     shaped["passages"] = [{"heading": c.get("heading") or "", "text": c.get("text", "")[:PASSAGE_CHARS]}
                           for c in result.get("chunks", [])]
     return shaped

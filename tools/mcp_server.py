@@ -1,4 +1,4 @@
-"""The brain as an MCP server: the four tools of tools.function_tools, over stdio or bearer-guarded HTTP.
+"""The brain as an MCP server: the tools of tools.function_tools, over stdio or bearer-guarded HTTP.
 
 stdio is what Claude Code, Codex and other local agents start (`brain --home H mcp`). Streamable HTTP
 (`brain mcp --http`) always needs a bearer token from BRAIN_MCP_TOKEN, because any local process or web page
@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rag_app.engine import Brain, ConfigError
-from tools.function_tools import TOOL_NAMES, BrainTools
+from tools.function_tools import CAPTURE_TOOL, BrainTools
 
 __all__ = ["TOKEN_ENV", "BearerGuard", "build_server", "check_token", "run_http", "run_stdio"]
 
@@ -30,16 +30,22 @@ INSTRUCTIONS = (
     "get_note, explore around it with related_notes; brain_status says what is indexed and how fresh it is. "
     "Answer from the notes and cite each one you use by title and path or url."
 )
+CAPTURE_INSTRUCTIONS = " capture_note saves a new note the user asked to keep; search_notes finds it at once."
 READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+WRITES = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False)
 
 
 def build_server(home: Brain | str | os.PathLike[str] | None) -> MCPServer:
-    """An MCP server over one brain (a Brain, e.g. the CLI's with its logging and store, or a home directory)."""
+    """An MCP server over one brain (a Brain, e.g. the CLI's with its logging and store, or a home directory).
+
+    capture_note is listed only when capture is enabled: with it off, no client can even see it."""
     tools = BrainTools(home if isinstance(home, Brain) else Brain(home))
-    server = MCPServer("cflow-brain", instructions=INSTRUCTIONS, log_level="WARNING")
-    for name in TOOL_NAMES:
+    names = tools.tool_names()
+    instructions = INSTRUCTIONS + (CAPTURE_INSTRUCTIONS if CAPTURE_TOOL in names else "")
+    server = MCPServer("cflow-brain", instructions=instructions, log_level="WARNING")
+    for name in names:
         server.add_tool(_mcp_tool(tools, name), name=name, description=BrainTools.description(name),
-                        annotations=READ_ONLY, structured_output=False)
+                        annotations=WRITES if name == CAPTURE_TOOL else READ_ONLY, structured_output=False)
     return server
 
 

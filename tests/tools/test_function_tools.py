@@ -62,7 +62,7 @@ def test_a_function_agent_searches_with_the_tool_and_the_llm_reads_the_result(sa
     ("search_notes", {"query": "电影", "k": "5"}, "k must be an integer"),
     ("search_notes", {"query": ["电影"]}, "query must be a string"),
     ("search_notes", {"queries": "电影"}, "queries must be a list"),
-    ("search_notes", {"queries": ["x"] * 50}, "at most 6"),
+    ("search_notes", {"queries": ["x"] * 50}, "at most 12"),
     ("search_notes", {"query": "x" * 5_000}, "too long"),
     ("search_notes", {"query": "  "}, "give `query`"),
     ("search_notes", {"query": "电影", "since": "last week"}, "date like 2024-03-15"),
