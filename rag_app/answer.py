@@ -137,6 +137,7 @@ def extractive_answer(question: str, results: list[dict[str, Any]], citations: l
 # Markdown structure of a passage: wikilinks and embeds, task boxes, fences, headings, list items, table rows.
 _WIKILINK = re.compile(r"!?\[\[([^\[\]|#^]*)(?:#\^?([^\[\]|]*))?(?:\|([^\[\]]*))?\]\]")
 _TASK = re.compile(r"^(\s*(?:[-*+]|\d{1,3}[.)]))\s+\[([ xX])\]", re.MULTILINE)
+_INLINE_TASK = re.compile(r"(^|\s)([-*+])\s+\[([ xX])\]")
 _FENCE = re.compile(r"^\s*(```|~~~)")
 _HEADING = re.compile(r"^\s{0,3}#{1,6}\s+")
 _ITEM = re.compile(r"^\s*(?:[-*+]|\d{1,3}[.)])\s+")
@@ -156,12 +157,17 @@ def readable_inline(text: str) -> str:
         return f"{target} › {section}" if target and section else target or section
 
     text = _WIKILINK.sub(shown, text)
-    return _TASK.sub(lambda m: f"{m.group(1)} {'☐' if m.group(2) == ' ' else '☑'}", text)
+    return _TASK.sub(lambda m: f"{m.group(1)} {_box(m.group(2))}", text)
+
+
+def _box(mark: str) -> str:
+    return "☐" if mark == " " else "☑"
 
 
 def readable_excerpt(text: str) -> str:
     """A one-line excerpt without markdown scaffolding: links as text, no heading marks or table rules."""
     text = readable_inline(text)
+    text = _INLINE_TASK.sub(lambda m: f"{m.group(1)}{m.group(2)} {_box(m.group(3))}", text)
     text = re.sub(r"(^|\s)#{1,6}\s+", r"\1", text)
     text = re.sub(r"\|?(\s*:?-{3,}:?\s*\|)+", " ", text)
     return " ".join(text.split())

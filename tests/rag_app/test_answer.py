@@ -9,7 +9,19 @@ import sys
 
 import pytest
 
-from rag_app.answer import NOT_FOUND, UNKNOWN_CITATION, build_context, cited_numbers, mark_unknown_citations
+from rag_app.answer import (
+    NO_NOTES,
+    NOT_FOUND,
+    UNKNOWN_CITATION,
+    build_context,
+    cited_numbers,
+    extractive_answer,
+    highlight,
+    mark_unknown_citations,
+    passage,
+    readable_excerpt,
+    readable_inline,
+)
 from rag_app.engine import Brain
 from tests.conftest import REPO
 from tests.doubles.openai_server import OpenAIDouble
@@ -109,11 +121,82 @@ def test_an_llm_failure_falls_back_to_passages_and_says_why(sample_brain, monkey
     finally:
         (sample_brain.home / "config.toml").unlink()
     assert response.mode == "extractive" and response.coverage["llm_error"]
+    assert response.answer.startswith(f"Extractive answer: LLM unavailable ({response.coverage['llm_error']}); "
+                                      "showing passages.")
 
 
-def test_nothing_found_is_said_plainly(home):
+def test_an_empty_home_says_how_to_add_notes(home):
     response = Brain(home).ask("anything at all", 3)
-    assert (response.answer, response.citations, response.mode) == (NOT_FOUND, [], "extractive")
+    assert (response.answer, response.citations, response.mode) == (NO_NOTES, [], "extractive")
+    assert response.coverage["empty_index"] is True
+
+
+def test_nothing_found_is_said_plainly():
+    assert extractive_answer("anything", [], []) == NOT_FOUND
+
+
+MOVIES = """# 电影清单
+周末窝在沙发上看片是我最喜欢的放松方式。
+
+## 想看的电影
+- [ ] 《花样年华》——王家卫，据说要在大银幕上看才对味
+- [x] 《一一》——杨德昌，见 [[导演笔记#杨德昌|杨德昌的笔记]]
+- [ ] 《海街日记》——朋友推荐，说适合冬天看
+
+## 已看
+
+| 片名 | 导演 | 评分 |
+| --- | --- | --- |
+| 《完美的日子》 | 文德斯 | 9/10 |
+| 《奥本海默》 | 诺兰 | 7/10 |
+| 《步履不停》 | 是枝裕和 | 9/10 |
+""" + "".join(f"| 《片{n}》 | 某人 | {n}/10 |\n" for n in range(30))
+
+
+def test_a_passage_is_cut_on_markdown_structure_and_names_its_section():
+    section, text = passage(MOVIES, ["步履不停", "导演"])
+    assert section == "已看"
+    rows = text.splitlines()
+    assert rows[:3] == ["| 片名 | **导演** | 评分 |", "| --- | --- | --- |", "| 《**步履不停**》 | 是枝裕和 | 9/10 |"]
+    assert rows[-1] == "| … |" and len(text) <= 420 + 10
+    section, text = passage(MOVIES, ["花样年华"])
+    assert section == "想看的电影"
+    assert text.splitlines() == ["- ☐ 《**花样年华**》——王家卫，据说要在大银幕上看才对味",
+                                 "- ☑ 《一一》——杨德昌，见 杨德昌的笔记",
+                                 "- ☐ 《海街日记》——朋友推荐，说适合冬天看"]
+
+
+def test_code_blocks_stay_whole_or_keep_their_fences_and_are_never_bolded():
+    note = "# Docker\n\n清理镜像:\n\n```bash\ndocker image prune -a\ndocker system df\n```\n"
+    assert passage(note, ["docker", "镜像"])[1] == "清理**镜像**:\n\n```bash\ndocker image prune -a\ndocker system df\n```"
+    long = "```python\n" + "".join(f"print({n})  # docker\n" for n in range(100)) + "```"
+    text = passage(long, ["docker"])[1]
+    lines = text.splitlines()
+    assert lines[0] == "```python" and lines[-2:] == ["…", "```"] and "**" not in text and len(text) < 500
+
+
+def test_a_long_paragraph_is_cut_on_sentences_around_the_match():
+    note = "".join(f"第{n}句说的是别的事情。" for n in range(60)) + "这里提到了限流器的设计。" + "后面还有很多。" * 40
+    text = passage(note, ["限流器"])[1]
+    assert text.startswith("… 这里提到了**限流器**的设计。") and text.endswith(" …") and len(text) <= 430
+
+
+def test_wikilinks_show_their_text_and_excerpts_lose_their_scaffolding():
+    assert readable_inline("见 [[a|b]]、[[笔记#小节]]、[[#本页]]、![[图.png]] 和 [[x#^block|块]]") == (
+        "见 b、笔记 › 小节、本页、图.png 和 块")
+    flattened = "# 电影清单 周末 ## 想看的电影 - [ ] 《花样年华》 | 片名 | 导演 | | --- | --- | [[一一]]"
+    assert readable_excerpt(flattened) == "电影清单 周末 想看的电影 - ☐ 《花样年华》 | 片名 | 导演 | 一一"
+
+
+def test_highlight_bolds_whole_english_words_and_leaves_code_spans():
+    assert highlight("Docker images: run `docker ps` then dockerd", ["docker", "image"]) == (
+        "**Docker** **images**: run `docker ps` then **dockerd**")
+
+
+def test_extractive_answers_read_as_markdown_under_each_notes_title(sample_brain):
+    answer = sample_brain.ask("想看的电影有哪些", 3).answer
+    assert "**电影清单** › 想看的电影 [1]\n\n- ☐ 《花样年华》" in answer
+    assert "- [ ]" not in answer and "[[" not in answer
 
 
 def test_cited_numbers_ignore_out_of_range():

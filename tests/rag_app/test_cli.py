@@ -9,11 +9,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.conftest import REPO, free_port
 from tests.doubles.memos_server import MemosDouble, seed_memos
+from tests.doubles.openai_server import OpenAIDouble
 
 BRAIN = [sys.executable, "-m", "rag_app.cli"]
 
@@ -166,3 +168,89 @@ def test_searching_an_unknown_source_names_the_known_ones(home, make_vault):
     done = brain(home, "search", "alpha", "--source", "nope")
     assert done.returncode == 2 and "unknown source 'nope'; known: memos, notes, vault" in done.stderr
     assert brain(home, "search", "alpha", "--source", "notes").returncode == 0
+
+
+@pytest.fixture
+def talk_home(home: Path, make_vault, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The conversation vault of test_sessions synced into a fast home; no LLM in the environment."""
+    from rag_app.engine import Brain
+    from tests.rag_app.test_sessions import CONVERSATION_VAULT
+
+    for var in ("LLM_BASE_URL", "LLM_MODEL", "LLM_API_KEY", "OPENAI_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    brain_ = Brain(home)
+    assert not brain_.sync(vaults=(str(make_vault(CONVERSATION_VAULT)),)).failed
+    brain_.close()
+    return home
+
+
+def test_sessions_round_trip_without_an_llm(talk_home):
+    from tests.rag_app.test_sessions import FIRST, FOLLOW_UP, MOVIES
+
+    first = brain(talk_home, "ask", FIRST, "--session", "films", "-k", "3")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.startswith("Extractive answer (no LLM configured)")
+    assert "电影清单 › 想看的电影 [1]\n\n- ☐ 《花样年华》——王家卫" in first.stdout and "**" not in first.stdout
+    second = brain(talk_home, "ask", FOLLOW_UP, "--session", "films", "-k", "3", "--json")
+    data = json.loads(second.stdout)
+    assert data["coverage"]["condensed_query"].startswith(f"{FOLLOW_UP} 电影清单")
+    assert data["citations"][0]["note_id"] == MOVIES and data["coverage"]["llm"] == "off"
+    listed = json.loads(brain(talk_home, "sessions", "--json").stdout)
+    assert [(s["name"], s["turns"], s["last_question"]) for s in listed] == [("films", 2, FOLLOW_UP)]
+    assert brain(talk_home, "sessions").stdout.startswith(f"films\t2 turn(s)\t{listed[0]['updated']}\t{FOLLOW_UP}")
+    assert brain(talk_home, "sessions", "delete", "films").stdout == "deleted session films\n"
+    again = brain(talk_home, "sessions", "delete", "films")
+    assert (again.returncode, again.stderr) == (2, "brain: no session named 'films'\n")
+    bad = brain(talk_home, "ask", FIRST, "--session", "a\tb")
+    assert bad.returncode == 2 and "printable characters" in bad.stderr
+
+
+def test_sessions_round_trip_with_an_llm(talk_home, monkeypatch):
+    from tests.rag_app.test_sessions import FIRST, FOLLOW_UP, MOVIES
+
+    def reply(body: dict[str, Any]) -> str:
+        prompt = body["messages"][-1]["content"]
+        if "Standalone question:" in prompt:
+            return "想看的电影里第二部《一一》是谁导演的？"
+        return "《一一》是杨德昌导演的[1]。" if prompt.endswith(FOLLOW_UP) else "想看《花样年华》和《一一》[1]。"
+
+    with OpenAIDouble([reply]) as double:
+        env = {"LLM_BASE_URL": double.url, "LLM_MODEL": "qwen2.5"}
+        assert brain(talk_home, "ask", FIRST, "--session", "films", "--json", env=env).returncode == 0
+        done = brain(talk_home, "ask", FOLLOW_UP, "--session", "films", "--json", env=env)
+    data = json.loads(done.stdout)
+    assert (data["mode"], data["answer"]) == ("llm", "《一一》是杨德昌导演的[1]。")
+    assert data["coverage"]["condensed_query"] == "想看的电影里第二部《一一》是谁导演的？"
+    assert data["citations"][0]["note_id"] == MOVIES
+    condense = double.requests[-2]["body"]["messages"][-1]["content"]
+    first_answer = "想看《花样年华》和《一一》。"  # as sent back: without its [n], which pointed at that turn's sources
+    assert f"user: {FIRST}\nassistant: {first_answer}" in condense and f"Follow Up Input: {FOLLOW_UP}" in condense
+    sent = double.requests[-1]["body"]["messages"]
+    assert [(m["role"], m["content"]) for m in sent[1:3]] == [("user", FIRST), ("assistant", first_answer)]
+    assert sent[3]["content"].endswith(f"Question: {FOLLOW_UP}")
+    stored = json.loads(brain(talk_home, "sessions", "--json").stdout)
+    assert stored[0]["turns"] == 2
+
+
+def test_llm_trouble_is_named_and_no_client_log_reaches_the_terminal(talk_home):
+    down = brain(talk_home, "ask", "番茄炒蛋", "-k", "1", env={"LLM_BASE_URL": "http://127.0.0.1:9/v1",
+                                                              "LLM_MODEL": "qwen2.5"})
+    assert down.returncode == 0, down.stderr
+    assert down.stdout.startswith("Extractive answer: LLM unavailable (Connection error.") and "showing passages" in (
+        down.stdout.splitlines()[0])
+    assert "no LLM configured" not in down.stdout
+    assert down.stderr.startswith("brain: LLM unavailable (Connection error.") and "Retrying" not in down.stderr
+    assert down.stderr.count("\n") == 1
+    assert "Retrying" in (talk_home / "brain.log").read_text(encoding="utf-8")  # routed to the log, not dropped
+    half = brain(talk_home, "ask", "番茄炒蛋", "-k", "1", env={"LLM_BASE_URL": "http://127.0.0.1:9/v1"})
+    assert half.stdout.startswith("Extractive answer: LLM not configured: LLM_BASE_URL is set but LLM_MODEL")
+    assert half.stderr == ("brain: LLM not configured: LLM_BASE_URL is set but LLM_MODEL (or model under [llm] in "
+                           "config.toml) is missing; showing passages\n")
+    as_json = json.loads(brain(talk_home, "ask", "番茄炒蛋", "--json", env={"LLM_MODEL": "qwen2.5"}).stdout)
+    assert (as_json["coverage"]["llm"], as_json["coverage"]["llm_missing"]) == ("incomplete", ["LLM_BASE_URL"])
+
+
+def test_an_empty_home_says_how_to_add_notes(home):
+    for command in (["search", "观影"], ["ask", "我想看哪些电影？"]):
+        done = brain(home, *command)
+        assert (done.returncode, done.stdout) == (0, "no notes yet: run brain sync --vault DIR or --memos URL\n")
