@@ -183,7 +183,10 @@ class BrainTools:
 
         Only save what the user asked to keep (a decision, a summary, a link); never overwrites anything.
         """
-        return self.brain.capture(text, title, tags)
+        saved = self.brain.capture(text, title, tags)
+        if saved.get("visibility") == "PRIVATE" and not self.brain.settings.mcp.get("allow_private", False):
+            saved["hidden_from_agents"] = True  # saved and indexed, but [mcp] allow_private keeps it from search_notes
+        return saved
 
     @staticmethod
     def description(name: str) -> str:

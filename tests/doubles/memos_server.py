@@ -1,8 +1,9 @@
 """A faithful HTTP test double for the Memos API (see /work/shared/memos-api/SUMMARY.md).
 
 Modes: ``old`` (v0.18.2 echo API), ``v0.22`` (early gRPC-gateway API), ``v0.25`` and ``head``
-(v0.30+/HEAD).  Only the read side a sync client needs is served: version probes, memo list,
-single memo and comments.  Fault injection is driven by the mutable ``faults`` dict; ``raw_overrides``
+(v0.30+/HEAD).  The read side a sync client needs is served (version probes, memo list,
+single memo and comments), and memo creation (``POST /api/v1/memos``, old ``POST /api/v1/memo``).
+Fault injection is driven by the mutable ``faults`` dict; ``raw_overrides``
 bends one memo's JSON into shapes the store cannot produce (null content, unknown enum values...).
 """
 
@@ -217,10 +218,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - http.server naming
         self.server.double._handle(self)
 
-    def do_POST(self) -> None:  # noqa: N802 - only the v0.22 auth status RPC is a POST
+    def do_POST(self) -> None:  # noqa: N802 - the v0.22 auth status RPC, and memo creation
         length = int(self.headers.get("Content-Length") or 0)
-        if length:
-            self.rfile.read(length)
+        self.post_body = self.rfile.read(length) if length else b""
         self.server.double._handle(self)
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
@@ -518,6 +518,9 @@ class MemosDouble:
         token = bearer[1] if len(bearer) == 2 and bearer[0].lower() == "bearer" else ""
         if parts.path in self.faults.get("status_on_path", {}):
             reply = self._fault_reply(self.faults["status_on_path"][parts.path])
+        elif handler.command == "POST" and parts.path == self._list_path():
+            with self._lock:
+                reply = self._create(getattr(handler, "post_body", b""), token)
         elif parts.path == self._list_path():
             reply = self._list_with_faults(parts.path, query, token, auth or "")
         else:
@@ -535,6 +538,24 @@ class MemosDouble:
 
     def _list_path(self) -> str:
         return "/api/v1/memo" if self.mode == "old" else "/api/v1/memos"
+
+    def _create(self, body: bytes, token: str) -> _Reply:
+        """CreateMemo: the token's owner writes ``{"content", "visibility"}`` (the old API's CreateMemoRequest, v0.22's
+        CreateMemoRequest, and the current API's Memo body alike); the stored memo comes back."""
+        if self.token is None or token != self.token:
+            if self.mode == "old":
+                return self._error(401, "Missing user in session")
+            return _Reply(401, GATEWAY_401, TEXT_TYPE)
+        try:
+            request = json.loads(body or b"{}")
+        except ValueError:
+            return self._error(400, "Malformatted post memo request")
+        content = request.get("content") if isinstance(request, dict) else None
+        visibility = request.get("visibility") or "PRIVATE"
+        if not isinstance(content, str) or not content.strip() or visibility not in VISIBILITIES:
+            return self._error(400, "Malformatted post memo request" if self.mode == "old" else "invalid memo")
+        key = self.add_memo(content, visibility=visibility)
+        return self._json(self._memo_json(self._get(key), self._relation_index()))
 
     @staticmethod
     def _send_stream(handler: _Handler, stream: Stream) -> None:

@@ -14,7 +14,15 @@ from llama_index.llms.openai_like import OpenAILike
 from rag_app.engine import Brain
 from tests.doubles.memos_server import MemosDouble
 from tests.doubles.openai_server import OpenAIDouble
-from tools.function_tools import MAX_LINKS, MAX_REPLY_BYTES, TOOL_NAMES, BrainTools, brain_tools, capped_json
+from tools.function_tools import (
+    CAPTURE_TOOL,
+    MAX_LINKS,
+    MAX_REPLY_BYTES,
+    TOOL_NAMES,
+    BrainTools,
+    brain_tools,
+    capped_json,
+)
 
 
 @pytest.fixture(scope="module")
@@ -150,3 +158,62 @@ def test_every_reply_fits_the_byte_cap_and_says_what_was_cut():
 
     small = {"note_id": "vault:v/a.md", "text": "短", "tags": ["a"]}
     assert json.loads(capped_json(small)) == small
+
+
+def test_a_function_agent_captures_a_note_and_then_finds_it(home: Path, make_vault):
+    vault = make_vault({"movies.md": "# 电影清单\n《千与千寻》\n"})
+    (home / "config.toml").write_text(
+        f'[embedding]\nmodel = "use-m3"\n\n[[sources]]\nname = "notes"\nkind = "vault"\npath = "{vault}"\n\n'
+        '[capture]\nenabled = true\nsource = "notes"\nfolder = "Inbox"\n', encoding="utf-8")
+    brain = Brain(home)
+    assert not brain.sync().failed
+
+    def tool_call(call_id: str, name: str, arguments: dict) -> dict:
+        return {"tool_calls": [{"id": call_id, "type": "function", "function": {
+            "name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}]}
+
+    script = [tool_call("call_1", "capture_note", {"text": "周五晚上去看《奥本海默》IMAX。", "title": "周五观影",
+                                                   "tags": ["电影"]}),
+              tool_call("call_2", "search_notes", {"queries": ["奥本海默", "Oppenheimer IMAX"]}),
+              "已记下：周五观影。"]
+    with OpenAIDouble(script) as double:
+        llm = OpenAILike(model="qwen2.5", api_base=double.url, api_key="x", is_chat_model=True,
+                         is_function_calling_model=True, max_retries=0)
+        agent = FunctionAgent(tools=brain_tools(brain), llm=llm, streaming=False,
+                              system_prompt="Keep what the user asks you to keep, in their notes.")
+
+        async def ask() -> object:
+            return await agent.run(user_msg="帮我记一下：周五晚上去看《奥本海默》IMAX。")
+
+        answer = asyncio.run(ask())
+    assert "周五观影" in str(answer)
+    offered = {t["function"]["name"] for t in double.requests[0]["body"]["tools"]}
+    assert offered == {*TOOL_NAMES, CAPTURE_TOOL}
+    replies = {m["tool_call_id"]: json.loads(m["content"]) for m in double.requests[-1]["body"]["messages"]
+               if m["role"] == "tool"}
+    saved, found = replies["call_1"], replies["call_2"]
+    assert saved["indexed"] is True and saved["path"].startswith("Inbox/")
+    assert found["results"][0]["note_id"] == saved["note_id"] and found["results"][0]["title"] == "周五观影"
+    assert (vault / saved["path"]).is_file()
+
+
+def test_without_capture_enabled_no_capture_tool_exists(sample_tools, sample_home: Path):
+    assert sorted(sample_tools) == sorted(TOOL_NAMES)
+    refused = BrainTools(Brain(sample_home)).call(CAPTURE_TOOL, {"text": "keep this"})
+    assert refused.is_error and "unknown tool; the tools are search_notes" in refused.text
+
+
+def test_a_private_memo_capture_says_agents_cannot_search_it_unless_allowed(home: Path, monkeypatch):
+    monkeypatch.setenv("CFLOW_API_TOKEN", "memos_pat_test")
+    with MemosDouble(mode="head") as double:
+        double.add_memo("public note #x", visibility="PUBLIC")
+        (home / "config.toml").write_text(
+            f'[embedding]\nmodel = "use-m3"\n\n[[sources]]\nname = "cflow"\nkind = "memos"\nurl = "{double.url}"\n\n'
+            '[capture]\nenabled = true\nsource = "cflow"\n', encoding="utf-8")
+        tools = BrainTools(Brain(home))
+        assert not tools.brain.sync().failed
+        saved = json.loads(tools.call(CAPTURE_TOOL, {"text": "私人：体检报告下周出。"}).text)
+        assert saved["visibility"] == "PRIVATE" and saved["hidden_from_agents"] is True
+        found = json.loads(tools.call("search_notes", {"query": "体检报告"}).text)
+        assert saved["note_id"] not in {r["note_id"] for r in found["results"]}
+        assert "体检报告" in tools.brain.search("体检报告", 3).results[0]["excerpt"]

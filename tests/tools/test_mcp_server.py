@@ -18,14 +18,16 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from rag_app.engine import ConfigError
+from rag_app.engine import Brain, ConfigError
 from tests.conftest import REPO, free_port
-from tools.function_tools import MAX_REPLY_BYTES, TOOL_NAMES
+from tests.doubles.memos_server import MemosDouble
+from tools.function_tools import CAPTURE_TOOL, MAX_REPLY_BYTES, TOOL_NAMES
 from tools.mcp_server import check_token
 
 BRAIN = str(Path(sys.executable).with_name("brain"))
 QUIET = {"ANONYMIZED_TELEMETRY": "False"}
 TOKEN = "test-token-0123456789abcdef"
+MEMOS_TOKEN = "memos_pat_test"
 
 
 def test_stdio_server_lists_the_tools_searches_reads_and_refuses_hostile_input(sample_home: Path):
@@ -123,3 +125,95 @@ def _wait_for_port(port: int, process: subprocess.Popen[str], seconds: float = 6
         except OSError:
             time.sleep(0.2)
     raise TimeoutError(f"nothing listening on port {port}")
+
+
+def _stdio(home: Path, env: dict[str, str] | None = None) -> StdioServerParameters:
+    return StdioServerParameters(command=BRAIN, args=["--home", str(home), "mcp"], env=QUIET | (env or {}), cwd=REPO)
+
+
+def _configure(home: Path, source: str, extra: str = "") -> None:
+    (home / "config.toml").write_text(f'[embedding]\nmodel = "use-m3"\n\n[[sources]]\n{source}\n{extra}',
+                                      encoding="utf-8")
+
+
+def test_stdio_capture_is_absent_by_default_then_saves_into_the_vault_inbox_and_fresh_reads_see_edits(
+        home: Path, make_vault):
+    vault = make_vault({"plan.md": "# 发布计划\n先做灰度发布。\n"})
+    _configure(home, f'name = "notes"\nkind = "vault"\npath = "{vault}"')
+    assert not Brain(home).sync().failed
+
+    async def without_capture() -> None:
+        async with stdio_client(_stdio(home)) as (read, write), ClientSession(read, write) as mcp:
+            await mcp.initialize()
+            assert sorted(t.name for t in (await mcp.list_tools()).tools) == sorted(TOOL_NAMES)
+            refused = await mcp.call_tool(CAPTURE_TOOL, {"text": "should not be saved"})
+            assert refused.is_error
+
+    anyio.run(without_capture)
+    assert sorted(p.name for p in vault.iterdir()) == ["plan.md"]
+
+    _configure(home, f'name = "notes"\nkind = "vault"\npath = "{vault}"',
+               '\n[capture]\nenabled = true\nsource = "notes"\nfolder = "Inbox"\n')
+
+    async def with_capture() -> None:
+        async with stdio_client(_stdio(home)) as (read, write), ClientSession(read, write) as mcp:
+            await mcp.initialize()
+            tools = {t.name: t for t in (await mcp.list_tools()).tools}
+            assert sorted(tools) == sorted((*TOOL_NAMES, CAPTURE_TOOL))
+            assert tools[CAPTURE_TOOL].annotations.read_only_hint is False
+            assert tools[CAPTURE_TOOL].input_schema["required"] == ["text"]
+
+            saved = await mcp.call_tool(CAPTURE_TOOL, {"text": "回滚方案：保留旧库只读两周。", "title": "回滚方案",
+                                                       "tags": ["work"]})
+            assert not saved.is_error, saved.content[0].text
+            note_id = json.loads(saved.content[0].text)["note_id"]
+            found = json.loads((await mcp.call_tool("search_notes", {"query": "回滚 旧库 只读"})).content[0].text)
+            assert found["results"][0]["note_id"] == note_id and found["results"][0]["strength"] == "strong"
+
+            (vault / "plan.md").write_text("# 发布计划\n改为一次性全量发布。\n", encoding="utf-8")
+            indexed = json.loads((await mcp.call_tool("get_note", {"note_id": "vault:notes/plan.md"})).content[0].text)
+            fresh = json.loads((await mcp.call_tool("get_note", {"note_id": "vault:notes/plan.md", "fresh": True}))
+                               .content[0].text)
+            assert "先做灰度发布" in indexed["text"] and "stale" not in indexed
+            assert fresh["stale"] is True and "一次性全量发布" in fresh["text"]
+            hostile = await mcp.call_tool("get_note", {"note_id": "vault:notes/../../etc/passwd", "fresh": True})
+            assert hostile.is_error and "cannot contain '..'" in hostile.content[0].text
+
+    anyio.run(with_capture)
+    (captured,) = (vault / "Inbox").iterdir()
+    assert "回滚方案：保留旧库只读两周。" in captured.read_text(encoding="utf-8")
+
+
+def test_stdio_capture_into_memos_makes_a_private_memo_found_in_the_same_session(home: Path, monkeypatch):
+    monkeypatch.setenv("CFLOW_API_TOKEN", MEMOS_TOKEN)
+    with MemosDouble(mode="head", token=MEMOS_TOKEN) as double:
+        double.add_memo("Weekly review: finish the reading list #review", visibility="PUBLIC")
+        _configure(home, f'name = "cflow"\nkind = "memos"\nurl = "{double.url}"',
+                   '\n[capture]\nenabled = true\nsource = "cflow"\n\n[mcp]\nallow_private = true\n')
+        assert not Brain(home).sync().failed
+
+        async def session() -> None:
+            async with (stdio_client(_stdio(home, {"CFLOW_API_TOKEN": MEMOS_TOKEN})) as (read, write),
+                        ClientSession(read, write) as mcp):
+                await mcp.initialize()
+                saved = await mcp.call_tool(CAPTURE_TOOL, {"text": "读书清单加上《置身事内》。", "tags": ["读书"]})
+                assert not saved.is_error, saved.content[0].text
+                reply = json.loads(saved.content[0].text)
+                assert reply["visibility"] == "PRIVATE" and reply["note_id"].startswith("memos:cflow/")
+                found = json.loads((await mcp.call_tool("search_notes", {"query": "置身事内"})).content[0].text)
+                assert found["results"][0]["note_id"] == reply["note_id"]
+
+                uid = reply["note_id"].rsplit("/", 1)[1]
+                double.edit_memo(uid, "读书清单加上《置身事内》和《债务危机》。#读书")
+                fresh = json.loads((await mcp.call_tool("get_note", {"note_id": reply["note_id"], "fresh": True}))
+                                   .content[0].text)
+                assert fresh["stale"] is True and "债务危机" in fresh["text"]
+
+        anyio.run(session)
+        (created,) = [r for r in double.requests if r["method"] == "POST" and r["path"] == "/api/v1/memos"]
+        assert created["status"] == 200 and double.memo_json(uid_of(double))["visibility"] == "PRIVATE"
+
+
+def uid_of(double: MemosDouble) -> str:
+    """The memo the capture made: the double's newest."""
+    return max(double._uids, key=double._uids.__getitem__)
