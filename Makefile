@@ -35,9 +35,18 @@ test: install
 test-slow: install
 	$(VENV)/bin/pytest -q -m slow -s
 
+# The demo's notes live in $(DEMO_HOME): the commands it prints name that home, so they find them.
 demo: install
 	$(VENV)/bin/brain --home $(DEMO_HOME) sync --vault sample_vault
 	$(VENV)/bin/brain --home $(DEMO_HOME) status
+	@echo
+	@echo "The demo's notes are in $(DEMO_HOME). Try, in another terminal:"
+	@echo "  $(VENV)/bin/brain --home $(DEMO_HOME) search \"观影\""
+	@echo "  $(VENV)/bin/brain --home $(DEMO_HOME) ask \"我想看哪些电影？\" --session 电影"
+	@echo "  $(VENV)/bin/brain --home $(DEMO_HOME) ask \"第二部是谁导演的？\" --session 电影"
+	@echo "  $(VENV)/bin/brain --home $(DEMO_HOME) sessions"
+	@echo "(or export BRAIN_HOME=$(abspath $(DEMO_HOME)) and drop --home)"
+	@echo
 	$(VENV)/bin/brain --home $(DEMO_HOME) serve --port 7860
 
 bench: install

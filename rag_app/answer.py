@@ -190,6 +190,7 @@ class _Block:
     kind: str  # heading, code, table, item, text
     lines: list[str]
     section: str
+    level: int = 0  # of the section's heading: a level-1 heading is usually the note's title, which says little
 
     @property
     def text(self) -> str:
@@ -199,7 +200,7 @@ class _Block:
 def _blocks(markdown: str) -> list[_Block]:
     """Headings, fenced code (whole), tables, list items (with their indented continuation) and paragraphs."""
     blocks: list[_Block] = []
-    section = ""
+    section, level = "", 0
     lines = markdown.replace("\r\n", "\n").split("\n")
     i = 0
     while i < len(lines):
@@ -210,26 +211,28 @@ def _blocks(markdown: str) -> list[_Block]:
         if fence := _FENCE.match(line):
             end = next((j for j in range(i + 1, len(lines)) if lines[j].strip().startswith(fence.group(1))), None)
             stop = len(lines) if end is None else end + 1
-            blocks.append(_Block("code", lines[i:stop] + ([] if end is not None else [fence.group(1)]), section))
+            blocks.append(_Block("code", lines[i:stop] + ([] if end is not None else [fence.group(1)]), section,
+                                 level))
             i = stop
             continue
         if _HEADING.match(line):
-            section = _HEADING.sub("", line).strip().rstrip("#").strip()
-            blocks.append(_Block("heading", [line.strip()], section))
+            marks = line.strip()
+            section, level = _HEADING.sub("", line).strip().rstrip("#").strip(), len(marks) - len(marks.lstrip("#"))
+            blocks.append(_Block("heading", [line.strip()], section, level))
             i += 1
             continue
         if line.lstrip().startswith("|"):
             j = i
             while j < len(lines) and lines[j].lstrip().startswith("|"):
                 j += 1
-            blocks.append(_Block("table", [row.strip() for row in lines[i:j]], section))
+            blocks.append(_Block("table", [row.strip() for row in lines[i:j]], section, level))
             i = j
             continue
         if _ITEM.match(line):
             j = i + 1
             while j < len(lines) and lines[j].strip() and lines[j][:1] in (" ", "\t") and not _ITEM.match(lines[j]):
                 j += 1
-            blocks.append(_Block("item", lines[i:j], section))
+            blocks.append(_Block("item", lines[i:j], section, level))
             i = j
             continue
         j = i + 1
@@ -237,7 +240,7 @@ def _blocks(markdown: str) -> list[_Block]:
                 _FENCE.match(lines[j]) or _HEADING.match(lines[j]) or _ITEM.match(lines[j])
                 or lines[j].lstrip().startswith("|")):
             j += 1
-        blocks.append(_Block("text", lines[i:j], section))
+        blocks.append(_Block("text", lines[i:j], section, level))
         i = j
     return blocks
 
@@ -297,7 +300,8 @@ def passage(markdown: str, terms: list[str], limit: int = PASSAGE_CHARS) -> tupl
     blocks = [b for b in _blocks(readable_inline(markdown)) if b.kind != "heading"]
     if not blocks:
         return "", ""
-    best = max(range(len(blocks)), key=lambda k: (_hits(blocks[k].text, terms), -k))
+    best = max(range(len(blocks)), key=lambda k: (_hits(blocks[k].text, terms) + (
+        _hits(blocks[k].section, terms) if blocks[k].level > 1 else 0), -k))
     section = blocks[best].section
     chosen = {best: _fit(blocks[best], terms, limit)}
     used = len(chosen[best].text)
