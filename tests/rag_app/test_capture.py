@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 import yaml
+from click.testing import CliRunner
 
 from rag_app.capture import CaptureError, new_note
+from rag_app.cli import main
 from rag_app.config import ConfigError, SourceSpec
 from rag_app.engine import Brain, NoteNotFound, SourceError
 from rag_app.fresh import read_note
@@ -192,3 +195,20 @@ def test_fresh_read_of_a_memo_gets_the_servers_text_and_keeps_private_memos_from
 
         double.delete_memo(private)
         assert brain.get_note(ids["PRIVATE"], fresh=True)["deleted_at_source"] is True
+
+
+def test_brain_get_prints_a_note_and_with_fresh_says_whether_the_index_is_stale(home: Path, make_vault):
+    vault = make_vault({"plan.md": "# 计划\n先做灰度发布。\n"})
+    vault_home(home, vault)
+    (vault / "plan.md").write_text("# 计划\n改为全量发布。\n", encoding="utf-8")
+    runner = CliRunner()
+    indexed = runner.invoke(main, ["--home", str(home), "get", "vault:notes/plan.md"])
+    assert indexed.exit_code == 0 and "先做灰度发布" in indexed.output
+    fresh = runner.invoke(main, ["--home", str(home), "get", "vault:notes/plan.md", "--fresh", "--json"])
+    assert fresh.exit_code == 0
+    note = json.loads(fresh.output)
+    assert note["stale"] is True and "改为全量发布" in note["text"]
+    text = runner.invoke(main, ["--home", str(home), "get", "vault:notes/plan.md", "--fresh"])
+    assert "the index holds an older copy" in text.output and "改为全量发布" in text.output
+    assert runner.invoke(main, ["--home", str(home), "get", "vault:notes/missing.md"]).exit_code == 1
+    assert runner.invoke(main, ["--home", str(home), "get", "/etc/passwd"]).exit_code == 2
