@@ -15,7 +15,7 @@ def settings_from(tmp_path: Path, text: str):
 
 
 @pytest.mark.parametrize(("text", "says"), [
-    ("[retrieval]\nrrf_kk = 3\n", "[retrieval] has no setting 'rrf_kk'; known: bm25_weight,"),
+    ("[retrieval]\nrrf_kk = 3\n", "[retrieval] has no setting 'rrf_kk'; known: "),
     ('[retrieval]\nrrf_k = "3"\n', "retrieval.rrf_k must be int, got '3'"),
     ("[retrieval]\nrrf_k = true\n", "retrieval.rrf_k must be int, got True"),
     ('[llm]\nmodle = "qwen"\n', "[llm] has no setting 'modle'; known: base_url, budget_chars,"),
