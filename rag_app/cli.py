@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 
 import click
 
-from rag_app.answer import NO_NOTES
+from rag_app.answer import NO_NOTES, readable_excerpt
 from rag_app.engine import Brain, ConfigError, SearchError, SourceReport, StoreError, SyncBusyError, SyncReport
 
 EXIT_FAILED, EXIT_USAGE, EXIT_BUSY, EXIT_INTERRUPTED = 1, 2, 3, 130
@@ -240,7 +240,7 @@ def _print_results(response: Any, empty: bool = False) -> None:
         where = result.get("path") or result.get("url") or ""
         click.echo(f"{n:>2}. {_plain(result['title'])}  [{_plain(result['source'])}] {_plain(where)}  "
                    f"score {result['score']:.4f}")
-        click.echo(f"    {_plain(result['excerpt'][:200])}")
+        click.echo(f"    {_plain(readable_excerpt(result['excerpt'])[:200])}")
 
 
 @main.command("ask")

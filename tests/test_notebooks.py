@@ -57,3 +57,26 @@ def test_agent_notebook_drives_the_tools_through_an_llm(notebook_env, monkeypatc
     assert "你想看《花样年华》" in text
     tool_messages = [m for r in llm.requests for m in r["body"]["messages"] if m.get("role") == "tool"]
     assert tool_messages and "电影清单" in str(tool_messages[0]["content"])
+
+
+def test_conversation_notebook_condenses_the_follow_up_both_ways(notebook_env, monkeypatch):
+    first, follow_up, standalone = "我想看哪些电影？", "第二部是谁导演的？", "想看的电影里第二部《一一》是谁导演的？"
+
+    def reply(body: dict) -> str:
+        prompt = body["messages"][-1]["content"]
+        if "Standalone question:" in prompt:
+            return standalone
+        return "《一一》是杨德昌导演的。" if prompt.endswith(follow_up) else "想看《花样年华》和《一一》。"
+
+    with OpenAIDouble([reply]) as llm:
+        monkeypatch.setenv("LLM_BASE_URL", llm.url)
+        monkeypatch.setenv("LLM_MODEL", "qwen2.5")
+        text = outputs(run("04_conversation.ipynb"))
+    assert f"Q: {follow_up}\nA: 《一一》是杨德昌导演的。\n   sources: ['电影清单'" in text
+    assert f"Q: {follow_up}  (searched: {standalone})\n   mode llm, first source: 电影清单" in text
+    condensed = [r for r in llm.requests if "Standalone question:" in r["body"]["messages"][-1]["content"]]
+    assert len(condensed) == 2 and all(f"user: {first}" in r["body"]["messages"][-1]["content"] for r in condensed)
+    chat_engine_turn = next(r["body"]["messages"] for r in llm.requests if r["body"]["messages"][-1]["content"] ==
+                            follow_up)
+    assert [(m["role"], m["content"]) for m in chat_engine_turn[1:]] == [
+        ("user", first), ("assistant", "想看《花样年华》和《一一》。"), ("user", follow_up)]
