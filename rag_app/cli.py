@@ -427,16 +427,13 @@ def _keep_fresh(brain: Brain, watch_sources: bool, interval: float) -> None:
               help="With --watch: seconds between Memos polls.")
 @click.pass_context
 def serve(ctx: click.Context, host: str, port: int, watch_sources: bool, interval: float) -> None:
-    """The chat page: cited answers, filters, status, sync and related notes in the browser."""
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # app.py sits at the repo root, outside the package
-    import app
+    """The chat page: conversations with cited answers, notes opened in place, filters, status and sync."""
+    from rag_app import page
 
     brain = _open(ctx)
     _keep_fresh(brain, watch_sources, interval)
     with _reported():
-        app.serve(brain, host, port)
+        page.serve(brain, host, port)
 
 
 @main.command("mcp")

@@ -1,32 +1,53 @@
-"""The chat page's handlers called as Gradio calls them: streaming, citation links, sync, related notes, bind rule."""
+"""The chat page (rag_app.page) called as Gradio calls it: conversations kept in the engine, streaming, citations
+that open notes in the page, notes rendered safely, sources, LLM state, status, sync, the bind rule and the launcher."""
 
 from __future__ import annotations
 
+import html
+import os
+import re
+import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import gradio as gr
 import httpx
 import pytest
 from click.testing import CliRunner
 
-import app
+from rag_app import page as app
 from rag_app.cli import EXIT_USAGE, main
 from rag_app.engine import Brain, ConfigError
-from tests.conftest import free_port
+from tests.conftest import REPO, free_port, stop
 from tests.doubles.openai_server import OpenAIDouble
 
-QUESTION = "我想看哪些电影？"
+QUESTION, FOLLOW_UP = "我想看哪些电影？", "第二部是谁导演的？"
+MOVIES = "vault:sample_vault/生活/电影清单.md"
 MOVIES_LINK = app.obsidian_url("sample_vault", "生活/电影清单.md")
+NO_LLM = ("LLM_BASE_URL", "LLM_MODEL", "LLM_API_KEY", "OPENAI_API_KEY")
 
 
-def ask(page: app.ChatPage, question: str = QUESTION, **filters: Any) -> list[tuple[str, Any]]:
+def ask(chat: app.ChatPage, question: str = QUESTION, history: list[dict[str, Any]] | None = None,
+        session: str | None = None, **filters: Any) -> list[tuple[Any, ...]]:
     options = {"sources": [], "tags": "", "since": "", "until": ""} | filters
-    return list(page.chat(question, [], options["sources"], options["tags"], options["since"], options["until"]))
+    return list(chat.chat(question, history or [], session, options["sources"], options["tags"], options["since"],
+                          options["until"]))
+
+
+def answers(outputs: list[tuple[Any, ...]]) -> list[str]:
+    """The last chat bubble of every streamed update."""
+    return [messages[-1]["content"] for messages, *_ in outputs]
+
+
+def alnum(text: str) -> str:
+    return "".join(char for char in text if char.isalnum())
 
 
 def assert_cumulative(texts: list[str]) -> None:
@@ -36,58 +57,266 @@ def assert_cumulative(texts: list[str]) -> None:
 
 
 @pytest.fixture
-def page(sample_brain: Brain) -> Iterator[app.ChatPage]:
-    """Obsidian links on, as `[serve] obsidian = true` would set them."""
-    chat = app.ChatPage(sample_brain, obsidian=True)
-    yield chat
-    chat.close()
+def own_home(sample_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of the synced sample home (conversations are written into the home; the shared one stays as it was),
+    no LLM in the environment."""
+    for var in NO_LLM:
+        monkeypatch.delenv(var, raising=False)
+    home = tmp_path / "home"
+    shutil.copytree(sample_home, home)
+    return home
+
+
+@pytest.fixture
+def pages() -> Iterator[Callable[..., app.ChatPage]]:
+    """`pages(home)` opens a ChatPage (Obsidian links on, as `[serve] obsidian = true` sets them), closed after."""
+    opened: list[app.ChatPage] = []
+
+    def open_page(home: Path, obsidian: bool = True) -> app.ChatPage:
+        opened.append(app.ChatPage(Brain(home), obsidian=obsidian))
+        return opened[-1]
+
+    yield open_page
+    for chat in opened:
+        chat.close()
+
+
+@pytest.fixture
+def page(own_home: Path, pages: Callable[..., app.ChatPage]) -> app.ChatPage:
+    return pages(own_home)
 
 
 def test_page_builds_with_every_panel(page: app.ChatPage) -> None:
     blocks = page.build()
     assert isinstance(blocks, gr.Blocks)
     labels = {getattr(block, "label", None) for block in blocks.blocks.values()}
-    assert {"Sources", "Tags", "Since", "Until", "Cited note", "Answers from your notes"} <= labels
+    assert {"Sources", "Tags", "Since", "Until", "Conversation", "Rename to", "Answers from your notes"} <= labels
     assert r"**sample\_vault** (vault): 41 notes" in page.status()
 
 
-def test_extractive_answer_streams_then_ends_with_citation_links(page: app.ChatPage) -> None:
+def test_the_page_module_is_installed_and_app_py_only_launches_it() -> None:
+    launcher = (REPO / "app.py").read_text(encoding="utf-8")
+    assert "from rag_app.page import serve" in launcher and "gr." not in launcher
+    assert Path(app.__file__).resolve().parent == REPO / "rag_app"
+
+
+def test_an_extractive_answer_streams_then_links_every_citation_into_the_page(page: app.ChatPage) -> None:
     outputs = ask(page)
-    texts = [text for text, _ in outputs]
-    assert_cumulative(texts)
-    final, cited = outputs[-1]
-    assert final.startswith("Extractive answer")
-    assert f"[电影清单]({MOVIES_LINK})" in final.split("**Sources**")[1]
-    assert "vault:sample_vault/生活/电影清单.md" in cited["choices"]
+    texts = answers(outputs)
+    assert_cumulative(texts[1:-1])  # streamed pieces; the last replaces them with citations linked
+    messages, session, picker, _ = outputs[-1]
+    assert [m["role"] for m in messages] == ["user", "assistant"] and messages[0]["content"] == QUESTION
+    final = texts[-1]
+    assert final.startswith("Extractive answer (no LLM configured)")
+    movies_ref = app.note_ref(MOVIES, 0, 1)
+    assert f"[\\[1\\]]({movies_ref})" in final, "the [1] marker opens the note in the page"
+    sources = final.split("**Sources**")[1]
+    assert f"1. [电影清单]({movies_ref}) — 生活/电影清单\\.md · strong · [open in Obsidian]({MOVIES_LINK})" in sources
+    assert [value for _, value in picker["choices"]] == [session] and picker["value"] == session
+    assert page.brain.session(session)["turns"][0]["question"] == QUESTION
 
-    related = page.related(cited["value"])
-    assert related.startswith("**Related to") and "obsidian://open?vault=sample_vault" in related
+
+def test_a_conversation_continues_and_survives_a_restart(own_home: Path,
+                                                         pages: Callable[..., app.ChatPage]) -> None:
+    first = pages(own_home)
+    messages, session, _, _ = ask(first)[-1]
+    messages, again, _, _ = ask(first, FOLLOW_UP, messages, session)[-1]
+    assert again == session and len(messages) == 4
+    assert "_Searched for: 第二部是谁导演的？" in messages[-1]["content"]  # the follow-up carried its subject
+    assert app.note_ref(MOVIES, 1, 1) in messages[-1]["content"]  # …and found the movies note again
+    first.close()
+
+    shown, name, picker, llm_line, status = pages(own_home).load()  # a new process would see the same
+    assert name == session and picker["value"] == session
+    assert [m["content"] for m in shown] == [m["content"] for m in messages]
+    assert llm_line.startswith("**cflow-brain** · No LLM configured") and "41 notes" in status
 
 
-def test_llm_answer_streams_the_models_text(sample_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    reply = "你想看《花样年华》和《一一》[1]，都记在电影清单里。"
+def test_conversations_are_listed_renamed_and_deleted(page: app.ChatPage) -> None:
+    _, first, _, _ = ask(page)[-1]
+    page.brain.rename_session(first, "films")
+    chat, none, picker, box = page.new_session()
+    assert (chat, none, picker["value"], box) == ([], None, None, app.NOTE_HINT)
+    _, second, _, _ = ask(page, "番茄炒蛋怎么做")[-1]
+    assert [value for _, value in page.sessions_update(second)["choices"]] == [second, "films"]
+    assert page.sessions_update(second)["choices"][0][0].endswith("· 1 turn · 番茄炒蛋怎么做")
 
-    def answer(body: dict[str, Any]) -> str:
-        return reply if body.get("stream") else "1. 电影 想看"  # the non-streamed call asks for query variants
+    renamed, picker, box, outcome = page.rename_session(second, "  番茄  ")
+    assert (renamed, picker["value"], box, outcome) == ("番茄", "番茄", "", "Renamed to 番茄.")
+    kept, _, _, outcome = page.rename_session("番茄", "films")
+    assert kept == "番茄" and outcome.startswith("⚠️") and "already exists" in outcome
 
-    with OpenAIDouble([answer]) as double:
+    shown, name, _ = page.open_session("films")
+    assert name == "films" and shown[0]["content"] == QUESTION
+    row, question = page.ask_delete("films")
+    assert row["visible"] and "films" in question
+    shown, name, picker, outcome, row = page.delete_session("films")
+    assert name == "番茄" and shown[0]["content"] == "番茄炒蛋怎么做" and outcome == "Deleted films."
+    assert [value for _, value in picker["choices"]] == ["番茄"] and not row["visible"]
+    assert page.delete_session("films")[1] == "番茄"  # deleted elsewhere meanwhile: no error
+
+
+def test_clicking_a_citation_opens_the_note_with_the_cited_passage_lit(page: app.ChatPage) -> None:
+    _, session, _, _ = ask(page)[-1]
+    cited = page.brain.session(session)["turns"][0]["citations"][0]
+    shown = page.open_note(app.note_ref(MOVIES, 0, 1), session)
+    assert "\n" not in shown, "one line: the Markdown component passes it on whole"
+    assert "<h2>电影清单</h2>" in shown and "<span class='brain-tag'>#电影</span>" in shown
+    assert "created 2023-12-30 · updated 2025-01-05" in shown
+    obsidian = html.escape(MOVIES_LINK)
+    assert f"<a href='{obsidian}' target='_blank' rel='noopener noreferrer'>Open in Obsidian ↗</a>" in shown
+    assert "<table>" in shown and "<th>导演</th>" in shown
+    lit = re.findall(r"<(\w+) class=\"brain-hit\"[^>]*>(.*?)</\1>", shown)
+    assert shown.count('id="brain-hit"') == 1 and lit
+    lit_text = re.sub(r"<[^>]+>", "", "".join(body for _, body in lit))
+    assert alnum(cited["excerpt"])[:30] in alnum(lit_text), "the passage the answer cited is the one lit"
+    assert "☐ 《花样年华》——王家卫" in shown
+    backlink = app.note_ref("vault:sample_vault/index.md")
+    assert "<h4>Backlinks</h4>" in shown and f"<li><a href='{backlink}'>首页</a></li>" in shown
+    link = app.note_ref("vault:sample_vault/生活/台北咖啡館筆記.md")
+    assert f'<a href="{link}">台北咖啡館筆記</a>' in shown, "the [[wikilink]] opens its note in place"
+    assert "<h4>Related</h4>" in shown
+
+    plain = page.open_note(app.note_ref(MOVIES), session)  # a link from another note: nothing to light
+    assert "brain-hit" not in plain and "<h2>电影清单</h2>" in plain
+    assert "no note with id" in page.open_note(app.note_ref("vault:sample_vault/nope.md"), session)
+    assert "a note id looks like" in page.open_note("#brain-note?id=..%2Fetc%2Fpasswd", session)
+    assert page.open_note("", session) == app.NOTE_HINT
+
+
+def test_note_refs_round_trip_and_refuse_junk() -> None:
+    note_id = "vault:My Notes/a&b=c?.md"
+    assert app.parse_note_ref(app.note_ref(note_id, 3, 12)) == (note_id, 3, 12)
+    assert app.parse_note_ref(app.note_ref(note_id)) == (note_id, None, None)
+    assert app.parse_note_ref("#brain-note?id=x&turn=-1&n=99999999") == ("x", None, None)
+
+
+HOSTILE_NOTE = """# Title <script>alert(1)</script>
+
+Text with <img src="http://127.0.0.1:9/leak"> and ![pixel](http://127.0.0.1:9/img.png) and
+[js](javascript:alert(1)) [data](data:text/html,x) [web](https://example.com/a) <https://example.com/auto>
+[[Linked note|shown label]] [[Unknown note]] ![[embedded.png]]
+
+- [ ] open task
+- [x] done task
+
+| a | b |
+| --- | --- |
+| <b>1</b> | 2 |
+
+```html
+<iframe src="http://127.0.0.1:9/frame"></iframe>
+```
+
+`<span onclick=x>`
+"""
+
+
+def test_note_text_renders_as_markdown_that_loads_and_runs_nothing() -> None:
+    shown = app.note_markdown_html(HOSTILE_NOTE, wikilinks={"linked note": "vault:v/Linked note.md"})
+    assert "<h1>Title &lt;script&gt;alert(1)&lt;/script&gt;</h1>" in shown
+    assert "&lt;img src=&quot;http://127.0.0.1:9/leak&quot;&gt;" in shown and "[pixel]" in shown
+    assert not re.search(r"<(img|script|iframe|svg|picture|source|object|embed|span)\b", shown)
+    assert 'href="javascript' not in shown and 'href="data' not in shown and ">js<" not in shown
+    assert '<a href="https://example.com/a" target="_blank" rel="noopener noreferrer">web</a>' in shown
+    assert '<a href="https://example.com/auto" target="_blank" rel="noopener noreferrer">' in shown
+    assert f'<a href="{app.note_ref("vault:v/Linked note.md")}">shown label</a>' in shown
+    assert "Unknown note" in shown and "embedded.png" in shown and shown.count("<a ") == 3
+    assert "<li>☐ open task</li>" in shown and "<li>☑ done task</li>" in shown
+    assert "<td>&lt;b&gt;1&lt;/b&gt;</td>" in shown
+    assert '<pre><code class="language-html">&lt;iframe src=&quot;http://127.0.0.1:9/frame&quot;&gt;' in shown
+    assert "<code>&lt;span onclick=x&gt;</code>" in shown
+
+
+def test_the_cited_passage_is_found_however_the_excerpt_was_flattened() -> None:
+    text = ("intro\n\n# 电影清单\n\n## 想看的电影\n\n- [ ] 《花样年华》——王家卫\n- [ ] 《一一》——杨德昌\n\n"
+            "## 已看\n\nlast line\n")
+    assert app.hit_lines(text, "想看的电影 - ☐ 《花样年华》——王家卫 - ☐ 《一一》") == (4, 8)
+    assert app.hit_lines(text, "…《一一》——杨德昌 已看…") == (7, 10)
+    assert app.hit_lines(text, "《花样年华》——王家卫 and text that was edited away since the sync") == (6, 7)
+    assert app.hit_lines(text, "nothing like it") is None and app.hit_lines(text, "…") is None
+    shown = app.note_markdown_html(text, (6, 8))
+    assert shown.count('class="brain-hit"') == 2 and '<li class="brain-hit" id="brain-hit">' in shown
+
+
+def test_sources_show_the_cited_and_strong_ones_and_keep_the_rest_behind_more() -> None:
+    citations = [{"n": n, "note_id": f"vault:v/{n}.md", "title": f"T{n}", "path": f"{n}.md", "excerpt": f"e{n}",
+                  "strength": strength} for n, strength in enumerate(["strong", "related", "weak", "weak"], 1)]
+    turn = {"question": "q", "answer": "From the third ［3］ and 【1】 [1][9]", "citations": citations,
+            "coverage": {"cited": [1, 3], "condensed_query": "q about T"}, "mode": "llm"}
+    shown = app.turn_markdown(turn, 4, (), obsidian=False)
+    answer, sources = shown.split("**Sources**")
+    assert answer.startswith(f"From the third [\\[3\\]]({app.note_ref('vault:v/3.md', 4, 3)}) and "
+                             f"[\\[1\\]]({app.note_ref('vault:v/1.md', 4, 1)})")
+    assert "\\[9\\]" in answer and "_Searched for: q about T_" in answer
+    first, more = sources.split("<details><summary>2 more</summary>")
+    assert re.findall(r"^(\d)\. ", first, re.M) == ["1", "3"] and re.findall(r"^(\d)\. ", more, re.M) == ["2", "4"]
+    assert "   e1" in first, "an LLM answer's sources show their excerpts"
+    extractive = app.turn_markdown(turn | {"mode": "extractive", "answer": "**T2** [2]"}, 0, (), obsidian=False)
+    assert "<summary>2 more</summary>" in extractive and "   e2" not in extractive
+    assert re.findall(r"^(\d)\. ", extractive.split("<details>")[0], re.M) == ["1", "2"]
+
+
+def test_an_llm_conversation_sends_the_first_turn_with_the_follow_up(own_home: Path,
+                                                                   pages: Callable[..., app.ChatPage],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    def reply(body: dict[str, Any]) -> str:
+        prompt = body["messages"][-1]["content"]
+        if "Standalone question:" in prompt:
+            return "想看的电影里第二部《一一》是谁导演的？"
+        return "《一一》是杨德昌导演的[1]。" if prompt.endswith(FOLLOW_UP) else "你想看《花样年华》和《一一》[1]。"
+
+    with OpenAIDouble([reply]) as double:
         monkeypatch.setenv("LLM_BASE_URL", double.url)
         monkeypatch.setenv("LLM_MODEL", "qwen2.5")
-        chat = app.ChatPage(Brain(sample_home), obsidian=False)
-        try:
-            texts = [text for text, _ in ask(chat)]
-        finally:
-            chat.close()
-    assert_cumulative(texts)
-    assert len(texts) > 2, "the answer arrived in one piece, not streamed"
-    shown = reply.replace("[1]", r"\[1\]")  # brackets escaped: no link or image can form
-    assert shown in texts[:-1]
-    assert texts[-1].startswith(shown + "\n\n**Sources**")
-    assert "**电影清单** — 生活/电影清单\\.md" in texts[-1]
+        chat = pages(own_home, obsidian=False)
+        assert chat.llm_line() == f"**cflow-brain** · LLM **qwen2\\.5** at {app.escape_markdown(double.url)}"
+        first = ask(chat)
+        messages, session, _, _ = first[-1]
+        second = ask(chat, FOLLOW_UP, messages, session)
+    texts = answers(second)
+    assert_cumulative(texts[1:-1])
+    assert len(texts) > 3, "the answer arrived in one piece, not streamed"
+    sent = double.requests[-1]["body"]["messages"]
+    first_answer = "你想看《花样年华》和《一一》。"  # as sent back: without the [n] of that turn's sources
+    assert [(m["role"], m["content"]) for m in sent[1:3]] == [("user", QUESTION), ("assistant", first_answer)]
+    final = texts[-1]
+    assert final.startswith(f"《一一》是杨德昌导演的[\\[1\\]]({app.note_ref(MOVIES, 1, 1)})。")
+    assert "_Searched for: 想看的电影里第二部《一一》是谁导演的？_" in final
+    assert "1. [电影清单](" in final.split("**Sources**")[1] and "open in" not in final  # Obsidian links off
+
+
+def test_the_llm_line_says_what_a_half_done_configuration_lacks() -> None:
+    assert "LLM configured but incomplete: missing LLM\\_MODEL" in app.llm_markdown(
+        {"configured": False, "missing": ["LLM_MODEL"], "model": None, "base_url": "http://127.0.0.1:11434/v1"})
+    assert "No LLM configured" in app.llm_markdown({"configured": False, "missing": [], "model": None,
+                                                    "base_url": None})
+
+
+def test_an_unreachable_llm_is_named_in_the_answer(own_home: Path, pages: Callable[..., app.ChatPage],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLM_BASE_URL", f"http://127.0.0.1:{free_port()}/v1")
+    monkeypatch.setenv("LLM_MODEL", "qwen2.5")
+    final = answers(ask(pages(own_home)))[-1]
+    assert final.startswith("Extractive answer: LLM unavailable (Connection error") and "showing passages" in final
+
+
+def test_status_shows_each_channels_progress_and_time_left() -> None:
+    status = {"notes": 3, "chunks": 120, "embedding_model": "e5-small", "sources": [
+        {"name": "notes", "kind": "vault", "notes": 3, "chunks": 120, "last_sync": None, "last_result": None}],
+        "channels": {"bm25": {"chunks": 120, "complete": True},
+                     "use-m3": {"chunks": 120, "complete": True, "seconds_left": 0},
+                     "e5-small": {"chunks": 40, "complete": False, "seconds_left": 400}}}
+    shown = app.status_markdown(status)
+    assert "Search channels: BM25 (keywords) ✓ · use\\-m3 ✓ · e5\\-small 40/120, ~7 min left" in shown
+    unknown = {**status["channels"], "e5-small": {"chunks": 0, "complete": False, "seconds_left": None},
+               "bm25": {"chunks": 0, "complete": False}}
+    assert "BM25 (keywords) 0/120 ·" in app.status_markdown(status | {"channels": unknown})
+    assert "e5\\-small 0/120, time left unknown" in app.status_markdown(status | {"channels": unknown})
 
 
 def test_bad_filter_is_shown_not_raised(page: app.ChatPage) -> None:
-    shown = ask(page, since="last spring")[-1][0]
+    shown = answers(ask(page, since="last spring"))[-1]
     assert shown.startswith("⚠️") and "must be a date" in shown
 
 
@@ -95,13 +324,15 @@ def test_citation_links_per_source_kind() -> None:
     memo = {"n": 1, "note_id": "memos:abc", "title": "[draft] a (b)", "url": "https://m.example/m/abc",
             "excerpt": "x", "strength": "strong"}
     note = {"n": 2, "note_id": "vault:My Notes/a b/c.md", "title": "C", "path": "a b/c.md", "excerpt": "",
-            "strength": "weak"}
+            "strength": "strong"}
     assert app.note_link(memo, obsidian=False) == r"[\[draft\] a \(b\)](https://m.example/m/abc)"
     assert app.note_link(note, obsidian=False) == r"**C** — a b/c\.md"
     assert app.note_link(note, obsidian=True) == r"[C](obsidian://open?vault=My%20Notes&file=a%20b%2Fc.md) — a b/c\.md"
-    shown = app.citations_markdown([memo, note], obsidian=False, excerpts=True)
-    assert shown.splitlines()[2:] == [f"1. {app.note_link(memo, False)} · strong", "   x",
-                                      f"2. {app.note_link(note, False)} · weak"]
+    shown = app.sources_markdown([memo, note], {1, 2}, obsidian=False, excerpts=True, turn=0)
+    assert shown.splitlines()[2:] == [
+        rf"1. [\[draft\] a \(b\)]({app.note_ref('memos:abc', 0, 1)}) · strong · [open in Memos](https://m.example/m/abc)",
+        "   x", rf"2. [C]({app.note_ref('vault:My Notes/a b/c.md', 0, 2)}) — a b/c\.md · strong"]
+    assert quote("vault:My Notes/a b/c.md", safe="") in app.note_ref("vault:My Notes/a b/c.md")
 
 
 @pytest.mark.parametrize(("written", "shown"), [
@@ -122,6 +353,12 @@ def test_answers_are_shown_without_images_html_or_foreign_links(written: str, sh
     assert app.safe_markdown(written) == shown
 
 
+def test_a_citation_marker_the_model_fakes_still_opens_only_in_the_page() -> None:
+    citations = [{"n": 1, "note_id": "vault:v/a.md"}]
+    shown = app.link_citations(app.safe_markdown("see [1], [1](http://evil.example) and [2]"), citations, 0)
+    assert shown == "see [\\[1\\]](#brain-note?id=vault%3Av%2Fa.md&turn=0&n=1), 1 and \\[2\\]"
+
+
 def test_only_links_to_the_cited_notes_and_their_urls_stay_links() -> None:
     allowed = {"https://status.example.com/incidents/8812", "obsidian://open?vault=v&file=a.md"}
     shown = app.safe_markdown("[状态页](https://status.example.com/incidents/8812) [笔记](obsidian://open?vault=v&file=a.md)"
@@ -136,24 +373,17 @@ def test_only_links_to_the_cited_notes_and_their_urls_stay_links() -> None:
         "https://status.example.com/incidents/8812", "https://a.example/b"}
 
 
-def test_an_llm_answer_links_only_to_urls_in_its_cited_notes(sample_home: Path,
+def test_an_llm_answer_links_only_to_urls_in_its_cited_notes(own_home: Path, pages: Callable[..., app.ChatPage],
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    reply = ("Timeouts came from the gateway [1]: [status page](https://status.example.com/incidents/8812). "
+    reply = ("Timeouts came from the gateway: [status page](https://status.example.com/incidents/8812). "
              "![pixel](http://127.0.0.1:9/leak?d=ERR_CONN_RESET_4471) [details](http://127.0.0.1:9/leak?d=2)")
 
-    def answer(body: dict[str, Any]) -> str:
-        return reply if body.get("stream") else "1. payment timeout"
-
-    with OpenAIDouble([answer]) as double:
+    with OpenAIDouble([reply]) as double:
         monkeypatch.setenv("LLM_BASE_URL", double.url)
         monkeypatch.setenv("LLM_MODEL", "qwen2.5")
-        chat = app.ChatPage(Brain(sample_home), obsidian=False)
-        try:
-            texts = [text for text, _ in ask(chat, "payment gateway timeout incident ERR_CONN_RESET_4471")]
-        finally:
-            chat.close()
+        texts = answers(ask(pages(own_home, obsidian=False), "payment gateway timeout incident ERR_CONN_RESET_4471"))
     answer_part = texts[-1].split("\n\n**Sources**")[0]
-    assert answer_part == (r"Timeouts came from the gateway \[1\]: "
+    assert answer_part == (r"Timeouts came from the gateway: "
                            "[status page](https://status.example.com/incidents/8812). \\!pixel details")
     assert not [text for text in texts if "http://127.0.0.1:9" in text], "a streamed piece kept a foreign link"
 
@@ -166,17 +396,18 @@ class RecordingBar:
         self.calls.append(progress)
 
 
-def test_sync_button_reports_progress_and_refreshes_status(home: Path, make_vault: Any) -> None:
-    message, _, _ = app.ChatPage(Brain(home)).sync(progress=RecordingBar())
+def test_sync_button_reports_progress_and_refreshes_status(home: Path, make_vault: Any,
+                                                           pages: Callable[..., app.ChatPage]) -> None:
+    message, _, _ = pages(home).sync(progress=RecordingBar())
     assert message.startswith("⚠️ no sources")
 
     vault = make_vault({"a.md": "# A\nalpha", "b.md": "# B\nbeta"})
     with (home / "config.toml").open("a", encoding="utf-8") as config:
         config.write(f'\n[[sources]]\nname = "notes"\nkind = "vault"\npath = "{vault}"\n')
     bar = RecordingBar()
-    message, status, sources = app.ChatPage(Brain(home)).sync(progress=bar)
+    message, status, sources = pages(home).sync(progress=bar)
     assert "notes (vault): 2 added" in message
-    assert "**2 notes" in status and "**notes** (vault)" in status
+    assert "**2 notes" in status and "**notes** (vault)" in status and "BM25 (keywords) ✓" in status
     assert sources["choices"] == ["notes"]
     assert bar.calls[0] == (0, bar.calls[-2][1]) and bar.calls[-1] is None
 
@@ -199,21 +430,21 @@ def test_public_bind_needs_a_login(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 @pytest.fixture
 def started(home: Path) -> Iterator[Any]:
     """`started(host, auth)` starts the page in this process and returns its URL; stopped after the test."""
-    pages: list[tuple[app.ChatPage, gr.Blocks]] = []
+    opened: list[tuple[app.ChatPage, gr.Blocks]] = []
 
     def start(host: str = "127.0.0.1", auth: tuple[str, str] | None = None) -> str:
         chat = app.ChatPage(Brain(home))
         try:
-            page, url = app.start_page(chat, host, free_port(), auth)
+            blocks, url = app.start_page(chat, host, free_port(), auth)
         except BaseException:
             chat.close()
             raise
-        pages.append((chat, page))
+        opened.append((chat, blocks))
         return url
 
     yield start
-    for chat, page in pages:
-        page.close()
+    for chat, blocks in opened:
+        blocks.close()
         chat.close()
 
 
@@ -224,6 +455,7 @@ def test_the_page_forbids_third_party_images_scripts_and_requests(started: Any) 
     for directive in ("img-src", "script-src", "connect-src", "default-src", "style-src", "font-src"):
         assert "http" not in policy[directive] and "*" not in policy[directive], directive
         assert policy[directive].startswith("'self'")
+    assert "unsafe-eval" not in policy["script-src"]
     assert policy["frame-ancestors"] == "'none'" and policy["object-src"] == "'none'"
     assert response.headers["referrer-policy"] == "no-referrer"
 
@@ -287,3 +519,30 @@ def test_brain_serve_on_a_busy_port_says_so_in_one_line(tmp_path: Path) -> None:
         result = CliRunner().invoke(main, ["--home", str(tmp_path), "serve", "--port", str(port)])
     assert result.exit_code == EXIT_USAGE
     assert result.output.strip() == f"brain: cannot listen on 127.0.0.1 port {port}: Address already in use"
+
+
+def test_python_app_py_serves_the_page(home: Path, tmp_path: Path) -> None:
+    """The Hugging Face Spaces way: `python app.py`, configured by the environment, started from anywhere."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in (*NO_LLM, "BRAIN_UI_USER", "BRAIN_UI_PASSWORD")} | {
+        "BRAIN_HOME": str(home), "GRADIO_SERVER_PORT": str(port)}
+    server = subprocess.Popen([sys.executable, str(REPO / "app.py")], cwd=tmp_path, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and server.poll() is None:
+            try:
+                response = httpx.get(f"http://127.0.0.1:{port}/", timeout=2)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        else:
+            pytest.fail(f"python app.py did not answer: {server.stdout.read() if server.stdout else ''}")
+        assert response.status_code == 200 and "content-security-policy" in response.headers
+    finally:
+        stop(server)
+    assert f"brain: chat page on http://127.0.0.1:{port}/" in (server.stdout.read() if server.stdout else "")
+
+    refused = subprocess.run([sys.executable, str(REPO / "app.py")], cwd=tmp_path, capture_output=True, text=True,
+                             env=env | {"GRADIO_SERVER_NAME": "0.0.0.0"}, timeout=120)
+    assert refused.returncode == 2 and "BRAIN_UI_USER and BRAIN_UI_PASSWORD" in refused.stderr

@@ -1,0 +1,912 @@
+"""The chat page (`brain serve`): a Gradio shell over the engine. Asking, conversations, search and sync live in the
+engine; this module wires them to widgets, renders answers and notes safely, and turns citations into links that
+open the note in the page."""
+
+from __future__ import annotations
+
+import contextvars
+import html
+import ipaddress
+import math
+import os
+import queue
+import re
+import socket
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+from urllib.parse import parse_qs, quote
+
+os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"  # local-first: the page never reports usage (read at import)
+
+import gradio as gr  # noqa: E402
+from markdown_it import MarkdownIt  # noqa: E402
+from markdown_it.rules_inline import StateInline  # noqa: E402
+from markdown_it.token import Token  # noqa: E402
+from starlette.middleware import Middleware  # noqa: E402
+from starlette.responses import JSONResponse  # noqa: E402
+from starlette.types import ASGIApp, Message, Receive, Scope, Send  # noqa: E402
+
+from rag_app.engine import (  # noqa: E402
+    Brain,
+    ConfigError,
+    NoteNotFound,
+    SearchError,
+    SessionNotFound,
+    SourceReport,
+    SyncBusyError,
+)
+
+EXCERPT_CHARS = 160
+QUESTION_PLACEHOLDER = "问你的笔记 / Ask your notes — e.g. 我想看哪些电影？"
+NOTE_HINT = "<p class='brain-note-hint'>Click a [n] marker or a source under an answer to read the note here.</p>"
+NOTE_REF = "#brain-note?"  # in-page links: the page's script opens them in the note panel, the browser never follows
+LOGIN_FREE_TRIES = 5  # wrong passwords a client may try before it has to wait
+LOGIN_LOCKOUT_SECONDS = 30.0  # the first wait; it doubles with every further wrong try
+LOGIN_MAX_LOCKOUT_SECONDS = 900.0
+LOGIN_CLIENTS = 10_000  # clients remembered (the oldest are forgotten first)
+STATUS_SECONDS = 5.0  # the status panel re-reads the manifest this often (a sync from the CLI shows up too)
+# The page loads only its own assets: an image, script or request to any other host is refused by the browser even if
+# something slipped through the answer's sanitising. Gradio's page needs inline scripts and styles, data: fonts and
+# blob: workers.
+CONTENT_SECURITY_POLICY = "; ".join([
+    "default-src 'self'", "script-src 'self' 'unsafe-inline'", "style-src 'self' 'unsafe-inline'",
+    "img-src 'self' data: blob:", "font-src 'self' data:", "connect-src 'self'", "media-src 'self' blob:",
+    "worker-src 'self' blob:", "frame-src 'none'", "object-src 'none'", "base-uri 'self'", "form-action 'self'",
+    "frame-ancestors 'none'",
+])
+SECURITY_HEADERS = [(b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
+                    (b"referrer-policy", b"no-referrer"), (b"x-content-type-options", b"nosniff")]
+# A click on an in-page link (a citation, a source, a note's link) hands its reference to a hidden textbox and presses
+# a hidden button: the note opens in the panel without leaving the page or the conversation. The page evaluates no
+# script strings (the policy has no 'unsafe-eval'): no `js=` on events and no gr.HTML, whose templates are eval'd.
+PAGE_HEAD = """<script>
+document.addEventListener("click", (event) => {
+  const link = event.target instanceof Element ? event.target.closest('a[href^="#brain-note?"]') : null;
+  if (!link) return;
+  event.preventDefault();
+  event.stopPropagation();
+  const box = document.querySelector("#note-request textarea, #note-request input");
+  const button = document.getElementById("note-open");
+  if (!box || !button) return;
+  const view = document.getElementById("note-view");
+  const before = view ? view.innerHTML : "";
+  box.value = link.getAttribute("href").slice(1);
+  box.dispatchEvent(new Event("input", {bubbles: true}));
+  button.click();
+  let waited = 0;
+  const shown = setInterval(() => {  // once the note is in, bring its cited passage into view
+    const now = document.getElementById("note-view");
+    if ((now && now.innerHTML !== before) || (waited += 100) > 5000) {
+      clearInterval(shown);
+      const target = document.getElementById("brain-hit") || now;
+      if (target) target.scrollIntoView({block: "center"});
+    }
+  }, 100);
+}, true);
+</script>"""
+PAGE_CSS = """
+#note-view { max-height: 78vh; overflow-y: auto; }
+.brain-note { line-height: 1.55; }
+.brain-note h2 { margin: 0 0 .2em; }
+.brain-note-meta, .brain-note-actions, .brain-note-hint { color: var(--body-text-color-subdued); font-size: .9em; }
+.brain-tag { display: inline-block; margin-right: .4em; padding: 0 .4em; border-radius: .6em;
+             background: var(--background-fill-secondary); }
+.brain-note-body table { border-collapse: collapse; }
+.brain-note-body th, .brain-note-body td { border: 1px solid var(--border-color-primary); padding: .15em .5em; }
+.brain-note-body pre { overflow-x: auto; padding: .5em; background: var(--background-fill-secondary); }
+.brain-note-body .brain-hit { background: rgba(255, 196, 0, .28); box-shadow: -4px 0 0 rgba(255, 170, 0, .9); }
+.brain-note-links h4 { margin: .8em 0 .2em; }
+"""
+T = TypeVar("T")
+
+
+def is_loopback(host: str) -> bool:
+    bare = host.strip("[]")
+    if bare == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(bare).is_loopback
+    except ValueError:
+        return False
+
+
+def ui_auth(host: str) -> tuple[str, str] | None:
+    """Off this machine the page shows every note to whoever connects: refuse to listen there without a login.
+
+    Both variables set turn the login on for any host, this machine included."""
+    user, password = os.environ.get("BRAIN_UI_USER", ""), os.environ.get("BRAIN_UI_PASSWORD", "")
+    if user and password:
+        return user, password
+    if is_loopback(host):
+        return None
+    raise ConfigError(
+        f"--host {host} would put your notes on the network: set BRAIN_UI_USER and BRAIN_UI_PASSWORD to require "
+        "a login, or keep the default --host 127.0.0.1"
+    )
+
+
+def escape_markdown(text: str) -> str:
+    """Titles, paths and excerpts are note data: show them literally, never as markup or links."""
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!|<>~$])", r"\\\1", " ".join(text.split()))
+
+
+# A URL as the page links it: http(s) or obsidian, and none of the characters that could end a markdown link.
+_LINKABLE = re.compile(r"(?:https?|obsidian)://[^\s<>\[\]()\"'`\\]+", re.IGNORECASE)
+_TRAILING = ".,;:!?'\")）。，、；：！？」』"
+# An inline markdown link or image the LLM wrote: [label](url) or [label](<url> "title").
+_MD_LINK = re.compile(r"(!?)\[([^\[\]\n]{0,500})\]\(\s*<?([^\s<>()]{1,2000}?)>?(?:\s+(?:\"[^\"\n]*\"|'[^'\n]*'))?\s*\)")
+_BARE_URL = re.compile(r"(?:https?|ftp)://[^\s<>\[\]()\"'`\\]+", re.IGNORECASE)
+
+
+def obsidian_url(vault: str, path: str) -> str:
+    return f"obsidian://open?vault={quote(vault, safe='')}&file={quote(path, safe='')}"
+
+
+def note_href(note: dict[str, Any], obsidian: bool) -> str | None:
+    """Where a note's link points: its memo page (http or https only), or Obsidian for a vault note when allowed."""
+    url = str(note.get("url") or "")
+    if url:
+        url = quote(url, safe=":/?#@!$&*+,;=%~")
+        return url if _LINKABLE.fullmatch(url) and url.lower().startswith(("http://", "https://")) else None
+    path = str(note.get("path") or "")
+    if obsidian and path and note["note_id"].startswith("vault:"):
+        return obsidian_url(note["note_id"].removeprefix("vault:").split("/", 1)[0], path)
+    return None
+
+
+def note_ref(note_id: str, turn: int | None = None, n: int | None = None) -> str:
+    """An in-page link to a note; with a turn and citation number the note opens with that citation's passage lit."""
+    ref = f"{NOTE_REF}id={quote(note_id, safe='')}"
+    return ref + (f"&turn={turn}&n={n}" if turn is not None and n is not None else "")
+
+
+def parse_note_ref(ref: str) -> tuple[str, int | None, int | None]:
+    """The note id, turn and citation number of an in-page link (what the browser hands back; untrusted)."""
+    query = parse_qs(ref.strip().lstrip("#").removeprefix(NOTE_REF.lstrip("#")), keep_blank_values=True)
+
+    def number(key: str) -> int | None:
+        value = (query.get(key) or [""])[0]
+        return int(value) if value.isdigit() and len(value) < 7 else None
+
+    return (query.get("id") or [""])[0], number("turn"), number("n")
+
+
+def note_link(note: dict[str, Any], obsidian: bool) -> str:
+    """A memo links to its web page; a vault note shows its path, linked into Obsidian when the config allows."""
+    title = escape_markdown(str(note.get("title") or note["note_id"]))
+    href = note_href(note, obsidian)
+    path = "" if note.get("url") else str(note.get("path") or "")
+    where = f" — {escape_markdown(path)}" if path else ""
+    return f"[{title}]({href}){where}" if href else f"**{title}**{where}"
+
+
+def urls_in(text: str) -> set[str]:
+    """The http(s) URLs written in a note: the only web addresses an answer about it may link to."""
+    return {url.rstrip(_TRAILING) for url in _LINKABLE.findall(text) if url.lower().startswith(("http:", "https:"))}
+
+
+def safe_markdown(text: str, allowed: Iterable[str] = ()) -> str:
+    """LLM (or note) text as markdown the page can show without the browser fetching anything.
+
+    No image and no raw HTML survives (every `[`, `]`, `!`, `<` and backslash is escaped, which also disarms
+    reference links and footnotes; inside code the escapes show). A link, written as markdown or bare, stays a link
+    only if its URL is in `allowed` (the cited notes' own links and the URLs written in them), else its label stays
+    as plain text. Bare URLs, www. and e-mail addresses are kept from being auto-linked. Headings, lists and
+    emphasis still render."""
+    allowed = frozenset(allowed)
+    out: list[str] = []
+    pos = 0
+    for match in _MD_LINK.finditer(text):
+        bang, label, url = match.groups()
+        out.append(_inert(text[pos:match.start()], allowed))
+        if url in allowed and _LINKABLE.fullmatch(url):  # an image of it becomes a link: `!` is escaped
+            out.append(f"{_escape_inline(bang)}[{_inert(label, frozenset())}]({url})")
+        else:
+            out.append(_inert(bang + label, allowed))
+        pos = match.end()
+    out.append(_inert(text[pos:], allowed))
+    return "".join(out)
+
+
+def _inert(text: str, allowed: frozenset[str]) -> str:
+    """Plain text as markdown that renders the same words and can form no link, image or HTML; a bare URL in
+    `allowed` becomes an explicit link."""
+    out: list[str] = []
+    pos = 0
+    for match in _BARE_URL.finditer(text):
+        url = match.group(0).rstrip(_TRAILING)
+        if url in allowed and _LINKABLE.fullmatch(url):
+            out += [_escape_inline(text[pos:match.start()]), f"[{_escape_inline(url)}]({url})"]
+            pos = match.start() + len(url)
+    out.append(_escape_inline(text[pos:]))
+    return "".join(out)
+
+
+def _escape_inline(text: str) -> str:
+    text = re.sub(r"[\\\[\]<!]", r"\\\g<0>", text)
+    text = re.sub(r"(?i)(https?|ftp):(?=//)", r"\1\\:", text)  # no autolink: http\://…
+    text = re.sub(r"(?i)(www)\.", r"\1\\.", text)
+    return re.sub(r"(?<=[\w.+-])@(?=[\w-]+\.)", r"\\@", text)
+
+
+# A citation marker as safe_markdown leaves it (`\[1\]`), or in the fullwidth forms Chinese models write.
+_SAFE_CITATION = re.compile(r"\\\[(\d{1,4})\\\]|［(\d{1,4})］|【(\d{1,4})】")
+
+
+def link_citations(markdown: str, citations: list[dict[str, Any]], turn: int) -> str:
+    """Every `[n]` of a sanitised answer that names one of its citations becomes an in-page link to that note."""
+    by_n = {c["n"]: c for c in citations}
+
+    def link(match: re.Match[str]) -> str:
+        n = int(next(g for g in match.groups() if g))
+        citation = by_n.get(n)
+        return f"[\\[{n}\\]]({note_ref(citation['note_id'], turn, n)})" if citation else match.group(0)
+
+    return _SAFE_CITATION.sub(link, markdown)
+
+
+def shown_citations(citations: list[dict[str, Any]], cited: Iterable[int]) -> set[int]:
+    """The sources worth showing at once: those the answer cites and the strong ones; the rest go behind "more"."""
+    cited = set(cited)
+    return {c["n"] for c in citations if c["n"] in cited or c.get("strength") == "strong"}
+
+
+def sources_markdown(citations: list[dict[str, Any]], shown: set[int], obsidian: bool, excerpts: bool,
+                     turn: int) -> str:
+    """The numbered sources under an answer: each title opens the note in the page, the memo or Obsidian link opens
+    it where it lives; `excerpts` off when the answer already quotes them (extractive)."""
+
+    def lines(citation: dict[str, Any]) -> list[str]:
+        title = escape_markdown(str(citation.get("title") or citation["note_id"]))
+        head = f"{citation['n']}. [{title}]({note_ref(citation['note_id'], turn, citation['n'])})"
+        path = "" if citation.get("url") else str(citation.get("path") or "")
+        head += f" — {escape_markdown(path)}" if path else ""
+        head += f" · {citation['strength']}"
+        href = note_href(citation, obsidian)
+        if href:
+            head += f" · [open in {'Memos' if citation.get('url') else 'Obsidian'}]({href})"
+        excerpt = " ".join(str(citation.get("excerpt") or "").split())
+        if not (excerpts and excerpt):
+            return [head]
+        return [head, f"   {escape_markdown(excerpt[:EXCERPT_CHARS])}{'…' if len(excerpt) > EXCERPT_CHARS else ''}"]
+
+    first = [line for c in citations if c["n"] in shown for line in lines(c)]
+    rest = [line for c in citations if c["n"] not in shown for line in lines(c)]
+    out = ["**Sources**", "", *first]
+    if rest:
+        count = sum(1 for c in citations if c["n"] not in shown)
+        out += ["", f"<details><summary>{count} more</summary>", "", *rest, "", "</details>"]
+    return "\n".join(out)
+
+
+_PLAIN_CITATION = re.compile(r"[\[\uff3b\u3010]\s*(\d{1,4})\s*[\]\uff3d\u3011]")
+
+
+def turn_markdown(turn: dict[str, Any], index: int, allowed: Iterable[str], obsidian: bool) -> str:
+    """One answer as the chat shows it: the sanitised answer with its `[n]` linked (an extractive answer says itself
+    why the LLM did not write it), the query a follow-up was condensed to, then the sources."""
+    coverage = turn.get("coverage") or {}
+    citations = turn.get("citations") or []
+    parts = [link_citations(safe_markdown(str(turn.get("answer") or ""), allowed), citations, index)]
+    condensed = str(coverage.get("condensed_query") or "").strip()
+    if condensed and condensed != str(turn.get("question") or "").strip():
+        parts.append(f"_Searched for: {escape_markdown(condensed)}_")
+    if citations:
+        cited = coverage.get("cited") if turn.get("mode") == "llm" else None
+        if cited is None:
+            cited = [int(n) for n in _PLAIN_CITATION.findall(str(turn.get("answer") or ""))]
+        shown = shown_citations(citations, cited)
+        parts.append(sources_markdown(citations, shown, obsidian, turn.get("mode") == "llm", index))
+    return "\n\n".join(parts)
+
+
+def llm_markdown(state: dict[str, Any]) -> str:
+    """The LLM line above the chat, honest about a half-done configuration."""
+    if state.get("configured"):
+        return (f"**cflow-brain** · LLM **{escape_markdown(str(state.get('model') or ''))}** at "
+                f"{escape_markdown(str(state.get('base_url') or ''))}")
+    missing = [str(m) for m in state.get("missing") or []]
+    if missing:
+        return (f"**cflow-brain** · ⚠️ LLM configured but incomplete: missing {escape_markdown(', '.join(missing))}; "
+                "answers are passages from your notes.")
+    return ("**cflow-brain** · No LLM configured: answers are the passages of your notes that match "
+            "(set LLM\\_BASE\\_URL and LLM\\_MODEL for written answers).")
+
+
+def time_left(seconds: float | None) -> str:
+    if seconds is None:
+        return "time left unknown"
+    if seconds < 90:
+        return f"~{max(1, round(seconds))} s left"
+    if seconds < 5400:
+        return f"~{round(seconds / 60)} min left"
+    return f"~{seconds / 3600:.1f} h left"
+
+
+def channels_markdown(channels: dict[str, dict[str, Any]], chunks: int) -> str:
+    """Each search channel's progress: a sync fills BM25 first, then each dense model's vectors."""
+    parts = []
+    for name, channel in channels.items():
+        label = "BM25 (keywords)" if name == "bm25" else escape_markdown(name)
+        if channel.get("complete"):
+            parts.append(f"{label} ✓")
+        else:
+            left = "" if name == "bm25" else f", {time_left(channel.get('seconds_left'))}"
+            parts.append(f"{label} {channel.get('chunks', 0)}/{chunks}{left}")
+    return "Search channels: " + " · ".join(parts) if parts else ""
+
+
+def status_markdown(status: dict[str, Any]) -> str:
+    lines = [f"**{status['notes']} notes, {status['chunks']} chunks** · model `{status['embedding_model']}`", ""]
+    if not status["sources"]:
+        return "\n".join([*lines, "Nothing indexed yet: add sources, then press Sync."])
+    channels = channels_markdown(status.get("channels") or {}, status["chunks"])
+    if channels:
+        lines += [channels, ""]
+    for src in status["sources"]:
+        error = (src["last_result"] or {}).get("error")
+        lines.append(f"- **{escape_markdown(src['name'])}** ({src['kind']}): {src['notes']} notes, {src['chunks']} "
+                     f"chunks, last sync {src['last_sync'] or 'never'}"
+                     + (f" — failed: {escape_markdown(str(error))}" if error else ""))
+    return "\n".join(lines)
+
+
+def split_tags(text: str) -> tuple[str, ...]:
+    return tuple(tag for tag in re.split(r"[,\s]+", text or "") if tag)
+
+
+def hit_lines(text: str, excerpt: str) -> tuple[int, int] | None:
+    """The lines [first, last) of `text` an excerpt was cut from, or None when it is not there (the note changed).
+
+    Compared on letters and digits only: excerpts are flattened and shown without markdown scaffolding (heading
+    marks, table rules, task boxes, wikilink brackets), so the two agree on little else. A passage edited in the
+    middle is found by its start and its end."""
+    needle = "".join(char for char in excerpt if char.isalnum())
+    if not needle:
+        return None
+    origin = [i for i, char in enumerate(text) if char.isalnum()]
+    hay = "".join(text[i] for i in origin)
+    start = hay.find(needle)
+    end = start + len(needle) - 1
+    for probe in (24, 12, 6):  # edited since: the longest start or end of the passage still there
+        if start >= 0 or len(needle) < probe:
+            break
+        head, tail = hay.find(needle[:probe]), hay.find(needle[-probe:])
+        if head >= 0 or tail >= 0:
+            start = head if head >= 0 else tail
+            end = tail + probe - 1 if tail >= start else start + probe - 1
+    if start < 0:
+        return None
+    return text.count("\n", 0, origin[start]), text.count("\n", 0, origin[end]) + 1
+
+
+_WIKILINK = re.compile(r"!?\[\[([^\[\]\n|#]*)(#[^\[\]\n|]*)?(?:\|([^\[\]\n]*))?\]\]")
+_LIT_BLOCKS = {"paragraph_open", "heading_open", "list_item_open", "fence", "code_block", "tr_open", "hr"}
+
+
+def _wikilink_rule(state: StateInline, silent: bool) -> bool:
+    """`[[target#heading|label]]` (and `![[embed]]`): a link that opens the target in the page when the note links
+    to it, else its label as text."""
+    match = _WIKILINK.match(state.src, state.pos)
+    if not match:
+        return False
+    if not silent:
+        target, heading, label = match.group(1).strip(), match.group(2) or "", match.group(3)
+        shown = (label or target + heading.replace("#", " › ")).strip() or match.group(0)
+        note_id = state.env.get("wikilinks", {}).get(_link_key(target))
+        if note_id:
+            token = state.push("link_open", "a", 1)
+            token.attrs = {"href": note_ref(note_id)}
+        text = state.push("text", "", 0)
+        text.content = shown
+        if note_id:
+            state.push("link_close", "a", -1)
+    state.pos = match.end()
+    return True
+
+
+def _link_key(target: str) -> str:
+    return target.strip().lower().removesuffix(".md").rsplit("/", 1)[-1]
+
+
+def _note_renderer() -> MarkdownIt:
+    """CommonMark with tables and strikethrough, raw HTML off (shown as text), wikilinks, task boxes."""
+    md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False})
+    md.enable(["table", "strikethrough"])
+    md.inline.ruler.before("link", "wikilink", _wikilink_rule)
+    return md
+
+
+_MARKDOWN = _note_renderer()
+
+
+def _disarm(tokens: list[Token]) -> None:
+    """Inline tokens after parsing: images become their alt text (nothing is fetched), a link stays only to an
+    http(s) address or another note in the page (opens in a new tab, sends no referrer), task boxes become ☐ / ☑."""
+    for index, token in enumerate(tokens):
+        if token.type != "inline" or not token.children:
+            continue
+        if index >= 2 and tokens[index - 2].type == "list_item_open" and token.children[0].type == "text":
+            first = token.children[0]
+            first.content = re.sub(r"^\[ \]\s", "☐ ", re.sub(r"^\[[xX]\]\s", "☑ ", first.content))
+        open_links: list[bool] = []
+        for child in token.children:
+            if child.type == "image":
+                alt = "".join(c.content for c in child.children or []) or child.content
+                child.type, child.tag, child.content, child.children, child.attrs = "text", "", f"[{alt}]", None, {}
+            elif child.type == "link_open":
+                href = str(child.attrGet("href") or "")
+                keep = href.lower().startswith(("http://", "https://")) or href.startswith(NOTE_REF)
+                open_links.append(keep)
+                if not keep:
+                    child.type, child.tag, child.content, child.attrs = "text", "", "", {}
+                elif not href.startswith(NOTE_REF):
+                    child.attrs.update(target="_blank", rel="noopener noreferrer")
+            elif child.type == "link_close" and open_links and not open_links.pop():
+                child.type, child.tag, child.content = "text", "", ""
+
+
+def note_markdown_html(text: str, lit: tuple[int, int] | None = None, wikilinks: dict[str, str] | None = None) -> str:
+    """A note's markdown as HTML that can load nothing and run nothing: raw HTML is shown as text, images as their
+    alt text, links only to http(s) addresses (new tab, no referrer) and to linked notes (in the page). The blocks
+    on lines `lit` carry the class brain-hit (the first also the id, to scroll to)."""
+    env: dict[str, Any] = {"wikilinks": wikilinks or {}}
+    tokens = _MARKDOWN.parse(text, env)
+    _disarm(tokens)
+    if lit is not None:
+        first = True
+        for token in tokens:
+            if (token.type in _LIT_BLOCKS and not token.hidden and token.map and token.map[0] < lit[1]
+                    and token.map[1] > lit[0]):
+                token.attrJoin("class", "brain-hit")
+                if first:
+                    token.attrSet("id", "brain-hit")
+                    first = False
+    return _MARKDOWN.renderer.render(tokens, _MARKDOWN.options, env)
+
+
+def _day(value: Any) -> str:
+    return str(value)[:10] if value else ""
+
+
+def note_html(note: dict[str, Any], related: dict[str, Any] | None, excerpt: str | None, obsidian: bool) -> str:
+    """The note panel: title, where it lives and when, tags, "open in" links, the rendered text with the cited
+    passage lit, then its links, backlinks and related notes, each opening in place."""
+    esc = html.escape
+    related = related or {"links": [], "similar": [], "broken_links": []}
+    outgoing = [n for n in related["links"] if n.get("relation") == "links to"]
+    incoming = [n for n in related["links"] if n.get("relation") != "links to"]
+    wikilinks: dict[str, str] = {}
+    for linked in outgoing:
+        for key in (str(linked.get("path") or ""), str(linked.get("title") or "")):
+            if key:
+                wikilinks.setdefault(_link_key(key), linked["note_id"])
+    where = [str(note.get("source") or "")]
+    if note.get("path"):
+        where.append(str(note["path"]))
+    if note.get("created"):
+        where.append(f"created {_day(note['created'])}")
+    if note.get("updated") and _day(note["updated"]) != _day(note.get("created")):
+        where.append(f"updated {_day(note['updated'])}")
+    out = ["<article class='brain-note'>", f"<h2>{esc(str(note.get('title') or note['note_id']))}</h2>",
+           f"<p class='brain-note-meta'>{esc(' · '.join(w for w in where if w))}</p>"]
+    if note.get("tags"):
+        out.append("<p class='brain-note-tags'>" + "".join(f"<span class='brain-tag'>#{esc(str(tag))}</span>"
+                                                           for tag in note["tags"]) + "</p>")
+    href = note_href(note, obsidian)
+    if href:
+        label = "Open in Memos" if note.get("url") else "Open in Obsidian"
+        out.append(f"<p class='brain-note-actions'><a href='{esc(href)}' target='_blank' rel='noopener noreferrer'>"
+                   f"{label} ↗</a></p>")
+    text = str(note.get("text") or "")
+    lit = hit_lines(text, excerpt) if excerpt else None
+    out.append(f"<div class='brain-note-body'>{note_markdown_html(text, lit, wikilinks)}</div>")
+    if note.get("truncated"):
+        out.append(f"<p class='brain-note-meta'>Showing the first {len(text):,} of {note.get('chars', 0):,} "
+                   "characters.</p>")
+    sections = [("Links", outgoing), ("Backlinks", incoming), ("Related", related["similar"])]
+    out.append("<section class='brain-note-links'>")
+    for heading, notes in sections:
+        if notes:
+            items = "".join(f"<li><a href='{esc(note_ref(n['note_id']))}'>{esc(str(n.get('title') or n['note_id']))}"
+                            "</a></li>" for n in notes)
+            out.append(f"<h4>{heading}</h4><ul>{items}</ul>")
+    if related.get("broken_links"):
+        items = "".join(f"<li>{esc(str(link))} (no such note)</li>" for link in related["broken_links"])
+        out.append(f"<h4>Unresolved links</h4><ul>{items}</ul>")
+    out.append("</section></article>")
+    # One line of HTML: the Markdown component passes it on whole as an HTML block (a blank line would end it).
+    return "".join(out).replace("\n", "&#10;")
+
+
+def session_choices(sessions: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The conversation picker: newest first, each named with its last question."""
+    choices = []
+    for session in sessions:
+        last = " ".join(str(session.get("last_question") or "").split())
+        last = last if len(last) <= 40 else last[:39] + "…"
+        turns = session.get("turns", 0)
+        choices.append((f"{session['name']} · {turns} turn{'s' if turns != 1 else ''} · {last}", session["name"]))
+    return choices
+
+
+class PageProgress:
+    """The engine's Progress protocol drawn on the page's progress bar."""
+
+    def __init__(self, bar: Callable[..., Any]):
+        self._bar = bar
+        self._total = self._done = 0
+        self._description = ""
+
+    def start(self, total: int, description: str) -> None:
+        self._total, self._done, self._description = total, 0, description
+        self._bar((0, total), desc=description, unit="chunks")
+
+    def advance(self, count: int) -> None:
+        self._done += count
+        self._bar((self._done, self._total), desc=self._description, unit="chunks")
+
+    def close(self) -> None:
+        self._bar(None)
+
+
+Messages = list[dict[str, Any]]
+
+
+class ChatPage:
+    """The page's handlers over one Brain. The conversation lives in the engine's sessions (the home's store), so
+    a reload or a restart shows it again; the browser only remembers which one it is in for the life of the tab."""
+
+    def __init__(self, brain: Brain, obsidian: bool | None = None):
+        self.brain = brain
+        self.obsidian = bool(brain.settings.serve.get("obsidian", False)) if obsidian is None else obsidian
+        # One worker runs engine calls: answers stream from it while the page yields; a sync never overlaps a question.
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="brain")
+        self._closed = False
+
+    def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run on the Brain's thread, keeping Gradio's context so progress bars still reach this request."""
+        return self._worker.submit(contextvars.copy_context().run, fn, *args, **kwargs).result()
+
+    def close(self) -> None:
+        """Close the Brain on its own thread (SQLite insists), then stop that thread; a second call does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        self._run(self.brain.close)
+        self._worker.shutdown()
+
+    # Conversations
+
+    def conversation(self, name: str | None) -> Messages:
+        """A stored session as chat messages (empty for none, or one deleted meanwhile)."""
+        if not name:
+            return []
+        try:
+            turns = self._run(self.brain.session, name)["turns"]
+        except SessionNotFound:
+            return []
+        messages: Messages = []
+        for index, turn in enumerate(turns):
+            messages += self._turn_messages(turn, index)
+        return messages
+
+    def _turn_messages(self, turn: dict[str, Any], index: int) -> Messages:
+        allowed = self._run(self.allowed_links, turn.get("citations") or [])
+        return [{"role": "user", "content": safe_markdown(str(turn.get("question") or ""))},
+                {"role": "assistant", "content": turn_markdown(turn, index, allowed, self.obsidian)}]
+
+    def sessions_update(self, name: str | None) -> Any:
+        return gr.update(choices=session_choices(self._run(self.brain.sessions)), value=name)
+
+    def load(self) -> tuple[Messages, str | None, Any, str, str]:
+        """On (re)load: the newest conversation, the picker, the LLM line and the status."""
+        listing = self._run(self.brain.sessions)
+        name = listing[0]["name"] if listing else None
+        return (self.conversation(name), name, gr.update(choices=session_choices(listing), value=name),
+                self.llm_line(), self.status())
+
+    def chat(self, message: str, history: Messages | None, session: str | None, sources: list[str] | None,
+             tags: str, since: str, until: str) -> Iterator[tuple[Messages, str | None, Any, Any]]:
+        """Stream the answer as it is written (cumulative text), then show it with linked citations and sources.
+
+        The turn goes into the session (a new one for the first question), so a follow-up is read in the light of
+        the turns before it. Yields the chat, the session name, the picker and the question box."""
+        message = (message or "").strip()
+        history = list(history or [])
+        if not message:
+            yield history, session, gr.skip(), gr.skip()
+            return
+        if not session:
+            session = self._run(self.brain.new_session_name)
+            index = 0
+        else:
+            try:
+                index = len(self._run(self.brain.session, session)["turns"])
+            except SessionNotFound:
+                index = 0
+        asked = [*history, {"role": "user", "content": safe_markdown(message)}]
+        tokens: queue.Queue[str | None] = queue.Queue()
+        future = self._worker.submit(
+            self.brain.ask, message, session=session, sources=tuple(sources or ()), tags=split_tags(tags),
+            since=since or None, until=until or None, on_token=tokens.put,
+        )
+        future.add_done_callback(lambda _: tokens.put(None))
+        yield [*asked, {"role": "assistant", "content": "…"}], session, gr.skip(), ""
+        text = ""
+        while (piece := tokens.get()) is not None:
+            text += piece
+            yield [*asked, {"role": "assistant", "content": safe_markdown(text)}], session, gr.skip(), gr.skip()
+        try:
+            response = future.result().to_dict()
+        except (SearchError, ConfigError) as exc:
+            yield [*asked, {"role": "assistant", "content": f"⚠️ {safe_markdown(str(exc))}"}], session, gr.skip(), \
+                gr.skip()
+            return
+        turn = {"question": message, **response}
+        yield [*history, *self._turn_messages(turn, index)], session, self.sessions_update(session), gr.skip()
+
+    def open_session(self, name: str | None) -> tuple[Messages, str | None, str]:
+        return self.conversation(name), name or None, NOTE_HINT
+
+    def new_session(self) -> tuple[Messages, None, Any, str]:
+        """A fresh conversation; it is stored (and named) with its first question."""
+        return [], None, self.sessions_update(None), NOTE_HINT
+
+    def rename_session(self, session: str | None, new_name: str) -> tuple[str | None, Any, str, str]:
+        """Returns the session, the picker, the rename box and a one-line outcome."""
+        new_name = " ".join((new_name or "").split())
+        if not session:
+            return session, gr.skip(), new_name, "Ask a question first: a conversation is saved with its first turn."
+        if not new_name:
+            return session, gr.skip(), new_name, "Type the new name first."
+        try:
+            self._run(self.brain.rename_session, session, new_name)
+        except (SessionNotFound, ConfigError, SearchError, ValueError) as exc:
+            return session, gr.skip(), new_name, f"⚠️ {escape_markdown(str(exc))}"
+        return new_name, self.sessions_update(new_name), "", f"Renamed to {escape_markdown(new_name)}."
+
+    def ask_delete(self, session: str | None) -> tuple[Any, str]:
+        """Deleting is asked twice: the first press shows what would go and a confirm button."""
+        if not session:
+            return gr.update(visible=False), "Nothing to delete: this conversation is not saved yet."
+        return gr.update(visible=True), f"Delete the conversation {escape_markdown(session)} and all its turns?"
+
+    def delete_session(self, session: str | None) -> tuple[Messages, str | None, Any, str, Any]:
+        """Delete the open conversation and show the newest one left (or a fresh one)."""
+        if session:
+            try:
+                self._run(self.brain.delete_session, session)
+            except SessionNotFound:
+                pass  # gone already (another tab, the CLI): the picker below shows what is left
+        listing = self._run(self.brain.sessions)
+        name = listing[0]["name"] if listing else None
+        outcome = f"Deleted {escape_markdown(session)}." if session else ""
+        return (self.conversation(name), name, gr.update(choices=session_choices(listing), value=name), outcome,
+                gr.update(visible=False))
+
+    # Notes
+
+    def open_note(self, ref: str, session: str | None) -> str:
+        """The note panel for an in-page link; a citation's link lights the passage it was cited for."""
+        note_id, turn, n = parse_note_ref(ref or "")
+        if not note_id:
+            return NOTE_HINT
+        try:
+            note = self._run(self.brain.get_note, note_id)
+        except (NoteNotFound, SearchError) as exc:
+            return f"<p class='brain-note-hint'>⚠️ {html.escape(str(exc))}</p>"
+        try:
+            related = self._run(self.brain.related, note_id)
+        except (NoteNotFound, SearchError):
+            related = None
+        excerpt = self._cited_excerpt(session, turn, n, note_id) if turn is not None and n is not None else None
+        return note_html(note, related, excerpt, self.obsidian)
+
+    def _cited_excerpt(self, session: str | None, turn: int, n: int, note_id: str) -> str | None:
+        if not session:
+            return None
+        try:
+            turns = self._run(self.brain.session, session)["turns"]
+        except SessionNotFound:
+            return None
+        citations = turns[turn].get("citations") or [] if turn < len(turns) else []
+        found = [c for c in citations if c.get("n") == n and c.get("note_id") == note_id]
+        return str(found[0].get("excerpt") or "") if found else None
+
+    def allowed_links(self, citations: list[dict[str, Any]]) -> set[str]:
+        """The URLs an answer may link to: each cited note's own link and the http(s) URLs written in it."""
+        allowed: set[str] = set()
+        for citation in citations:
+            href = note_href(citation, self.obsidian)
+            if href:
+                allowed.add(href)
+            try:
+                allowed |= urls_in(self.brain.get_note(citation["note_id"])["text"])
+            except (NoteNotFound, SearchError):
+                continue  # deleted since the search: its URLs are simply not linkable
+        return allowed
+
+    # Status
+
+    def llm_line(self) -> str:
+        return llm_markdown(self.brain.llm_state())
+
+    def status(self) -> str:
+        """Read on every call: the manifest is cheap to open, and a sync from the CLI shows up too."""
+        return status_markdown(self.brain.status())
+
+    def source_choices(self) -> list[str]:
+        return [src["name"] for src in self.brain.status()["sources"]]
+
+    def sync(self, progress: gr.Progress = gr.Progress()) -> tuple[str, str, Any]:  # noqa: B008
+        """Sync every known source (a `gr.Progress()` default is how Gradio knows to draw a progress bar).
+
+        Returns the outcome, the new status and the refreshed source filter."""
+        lines: list[str] = []
+
+        def on_source(result: SourceReport) -> None:
+            head = f"- {escape_markdown(result.name)} ({result.kind}): "
+            lines.append(head + (f"failed, nothing changed — {escape_markdown(str(result.error))}" if result.failed
+                                 else f"{result.added} added, {result.updated} updated, {result.deleted} deleted, "
+                                 f"{result.unchanged} unchanged"))
+
+        try:
+            report = self._run(self.brain.sync, progress=PageProgress(progress), on_source=on_source)
+        except (ConfigError, SyncBusyError) as exc:
+            lines.append(f"⚠️ {exc}")
+        else:
+            lines.insert(0, f"Synced in {report.seconds:.1f} s: {report.embedded_chunks} chunks embedded, "
+                            f"{report.deleted_chunks} removed.")
+        return "\n".join(lines), self.status(), gr.update(choices=self.source_choices())
+
+    def build(self) -> gr.Blocks:
+        """The chat comes first (on a phone the question box is on the first screen); the note panel,
+        conversations, filters and status follow it (beside it on a wide screen)."""
+        with gr.Blocks(title="cflow-brain") as page:
+            session = gr.State(None)
+            with gr.Row(equal_height=False):
+                with gr.Column(scale=3, min_width=340):
+                    llm_line = gr.Markdown(elem_id="llm-state")
+                    # LaTeX off (KaTeX could link); answers arrive sanitised (safe_markdown), and Gradio's own HTML
+                    # sanitiser stays on with no custom tags let through.
+                    chatbot = gr.Chatbot(label="Answers from your notes", elem_id="chat", height="min(620px, 62vh)",
+                                         latex_delimiters=[], sanitize_html=True, allow_tags=False)
+                    question = gr.Textbox(placeholder=QUESTION_PLACEHOLDER, submit_btn=True, stop_btn=True,
+                                          show_label=False, lines=1, max_lines=6, elem_id="question")
+                with gr.Column(scale=2, min_width=320):
+                    with gr.Accordion("Note", open=True):
+                        note = gr.Markdown(NOTE_HINT, elem_id="note-view", latex_delimiters=[], sanitize_html=True)
+                    with gr.Accordion("Conversations", open=True):
+                        picker = gr.Dropdown([], label="Conversation", elem_id="sessions")
+                        with gr.Row():
+                            new_button = gr.Button("New conversation", size="sm", elem_id="new-session")
+                            delete_button = gr.Button("Delete", size="sm", variant="stop", elem_id="delete-session")
+                        with gr.Row(visible=False) as confirm_row:
+                            confirm_button = gr.Button("Yes, delete it", size="sm", variant="stop")
+                            cancel_button = gr.Button("Keep it", size="sm")
+                        rename_box = gr.Textbox(label="Rename to", elem_id="rename-to")
+                        rename_button = gr.Button("Rename", size="sm")
+                        outcome = gr.Markdown()
+                    with gr.Accordion("Filters", open=False):
+                        sources = gr.Dropdown(self.source_choices(), multiselect=True, label="Sources",
+                                              info="Empty: all sources.")
+                        tags = gr.Textbox(label="Tags", placeholder="reading, 电影")
+                        since = gr.Textbox(label="Since", placeholder="YYYY-MM-DD")
+                        until = gr.Textbox(label="Until", placeholder="YYYY-MM-DD")
+                    with gr.Accordion("Status", open=True):
+                        status = gr.Markdown()
+                        sync_button = gr.Button("Sync now")
+                        sync_result = gr.Markdown()
+            note_request = gr.Textbox(visible="hidden", elem_id="note-request")
+            note_button = gr.Button(visible="hidden", elem_id="note-open")
+
+            page.load(self.load, outputs=[chatbot, session, picker, llm_line, status])
+            asking = question.submit(self.chat, inputs=[question, chatbot, session, sources, tags, since, until],
+                                     outputs=[chatbot, session, picker, question])
+            question.stop(None, cancels=[asking])
+            picker.input(self.open_session, inputs=picker, outputs=[chatbot, session, note])
+            new_button.click(self.new_session, outputs=[chatbot, session, picker, note])
+            rename_button.click(self.rename_session, inputs=[session, rename_box],
+                                outputs=[session, picker, rename_box, outcome])
+            delete_button.click(self.ask_delete, inputs=session, outputs=[confirm_row, outcome])
+            cancel_button.click(lambda: (gr.update(visible=False), ""), outputs=[confirm_row, outcome])
+            confirm_button.click(self.delete_session, inputs=session,
+                                 outputs=[chatbot, session, picker, outcome, confirm_row])
+            note_button.click(self.open_note, inputs=[note_request, session], outputs=note, show_progress="hidden")
+            sync_button.click(self.sync, outputs=[sync_result, status, sources])
+            gr.Timer(STATUS_SECONDS).tick(self.status, outputs=status, show_progress="hidden")
+        return page
+
+
+class PageGuard:
+    """ASGI middleware around the page: security headers on every response, and a brake on password guessing.
+
+    After LOGIN_FREE_TRIES wrong logins a client (by address) must wait `lockout` seconds (429 with Retry-After),
+    twice as long after each further wrong one, up to LOGIN_MAX_LOCKOUT_SECONDS. A good login clears its count. A
+    try counts when it starts, so a burst of parallel guesses gets no more tries than a sequence."""
+
+    def __init__(self, app: ASGIApp, free_tries: int = LOGIN_FREE_TRIES, lockout: float = LOGIN_LOCKOUT_SECONDS):
+        self.app = app
+        self.free_tries = free_tries
+        self.lockout = lockout
+        self._clients: dict[str, tuple[int, float]] = {}  # address -> (tries since the last good login, locked until)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 0
+
+        async def send_guarded(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message = {**message, "headers": [*message.get("headers", []), *SECURITY_HEADERS]}
+            await send(message)
+
+        if scope["method"] != "POST" or not scope["path"].rstrip("/").endswith("/login"):
+            await self.app(scope, receive, send_guarded)
+            return
+        client = str((scope.get("client") or ("unknown",))[0])
+        now = time.monotonic()
+        tries, locked_until = self._clients.pop(client, (0, 0.0))
+        if now < locked_until:
+            self._clients[client] = (tries, locked_until)
+            wait = math.ceil(locked_until - now)
+            refused = JSONResponse({"detail": f"Too many wrong logins: try again in {wait} s."}, status_code=429,
+                                   headers={"Retry-After": str(wait)})
+            await refused(scope, receive, send_guarded)
+            return
+        tries += 1
+        over = tries - self.free_tries
+        self._clients[client] = (tries, now + min(self.lockout * 2 ** over, LOGIN_MAX_LOCKOUT_SECONDS)
+                                 if over >= 0 else 0.0)
+        while len(self._clients) > LOGIN_CLIENTS:
+            del self._clients[next(iter(self._clients))]
+        await self.app(scope, receive, send_guarded)
+        if status == 200:
+            self._clients.pop(client, None)
+
+
+def start_page(chat: ChatPage, host: str, port: int, auth: tuple[str, str] | None) -> tuple[gr.Blocks, str]:
+    """Build and start the page without blocking; returns it and its URL. An IPv6 address is bracketed the way
+    Gradio expects; a host or port that cannot be bound is a ConfigError of one line."""
+    bare = host.strip("[]")
+    _check_bindable(host, port)
+    page = chat.build()
+    guard = Middleware(PageGuard, free_tries=LOGIN_FREE_TRIES, lockout=LOGIN_LOCKOUT_SECONDS)
+    try:
+        _, url, _ = page.launch(server_name=f"[{bare}]" if ":" in bare else bare, server_port=port, auth=auth,
+                                share=False, ssr_mode=False, quiet=True, prevent_thread_lock=True,
+                                app_kwargs={"middleware": [guard]}, css=PAGE_CSS, head=PAGE_HEAD)
+    except (OSError, ValueError) as exc:
+        page.close()
+        reason = " ".join(str(exc).split(". ")[0].split())
+        raise ConfigError(f"cannot listen on {host} port {port}: {reason}") from None
+    return page, url
+
+
+def _check_bindable(host: str, port: int) -> None:
+    """Bind once ourselves: Gradio would report any failure as "Cannot find empty port" after uvicorn's own log."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {host} port {port}: {exc.strerror or exc}") from None
+
+
+def serve(brain: Brain, host: str = "127.0.0.1", port: int = 7860) -> None:
+    """Start the page and block until Ctrl+C; refuses a non-local host without a login (see ui_auth)."""
+    auth = ui_auth(host)
+    chat = ChatPage(brain)
+    try:
+        page, url = start_page(chat, host, port, auth)
+        print(f"brain: chat page on {url} (Ctrl+C stops it)", flush=True)
+        page.block_thread()
+    finally:
+        chat.close()
