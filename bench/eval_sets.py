@@ -24,6 +24,7 @@ class EvalSet:
     vault_dir: Path | None = None
     path_to_doc: dict[str, str] = field(default_factory=dict)
     script: str = ""
+    kinds: dict[str, str] = field(default_factory=dict)  # query id → kind (locomo category, semantic_dev kind)
 
     @property
     def home_name(self) -> str:
@@ -42,10 +43,12 @@ def load_set(shared: Path, name: str) -> EvalSet:
     if script not in ("", "hant", "hant-q"):
         raise ValueError(f"unknown variant @{script} (use @hant or @hant-q)")
     root = shared / "eval" / base
-    queries = {}
+    queries, kinds = {}, {}
     for line in (root / "queries.jsonl").open(encoding="utf-8"):
         row = json.loads(line)
         queries[str(row["_id"])] = _traditional(str(row["text"])) if script else str(row["text"])
+        if "kind" in row or "category" in row:
+            kinds[str(row["_id"])] = str(row.get("kind") or f"category {row['category']}")
     qrels: dict[str, dict[str, int]] = {}
     for n, line in enumerate((root / "qrels.tsv").open(encoding="utf-8")):
         parts = line.rstrip("\n").split("\t")
@@ -53,7 +56,8 @@ def load_set(shared: Path, name: str) -> EvalSet:
             continue
         qrels.setdefault(parts[0], {})[parts[1]] = int(parts[2])
     queries = {q: t for q, t in queries.items() if q in qrels}
-    return EvalSet(name, queries, qrels, root / "corpus.jsonl", script=script)
+    return EvalSet(name, queries, qrels, root / "corpus.jsonl", script=script,
+                   kinds={q: k for q, k in kinds.items() if q in queries})
 
 
 def _safe(doc_id: str) -> str:

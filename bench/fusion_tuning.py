@@ -1,7 +1,10 @@
-"""Offline fusion tuning: cache each channel's ranked chunks per query once, then score fusion variants in seconds.
+"""Offline fusion workbench: cache each channel's ranked chunks per query once, then score fusion settings in seconds.
 
 Not the benchmark (that is retrieval_bench.py, through the real search path); this is the workbench behind the
-defaults in RetrievalConfig. usage: python bench/fusion_tuning.py [--model e5-small] SET...
+defaults in RetrievalConfig. It scores the real fusion code (`rag_app.retrieve.fuse_query`) over cached lists: BM25,
+e5 and the second dense channel of the default home, plus which query words each candidate contains.
+
+usage: python bench/fusion_tuning.py [--model e5-small] [--set key=value ...] [--kinds] SET...
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 import argparse
 import pickle
 import sys
-from collections.abc import Callable
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -22,14 +25,18 @@ from metrics import summarise  # noqa: E402
 
 from rag_app.config import load_settings  # noqa: E402
 from rag_app.keyword import tokenize  # noqa: E402
-from rag_app.retrieve import KeywordRetriever, SearchIndex, VectorRetriever  # noqa: E402
+from rag_app.query import RetrievalConfig  # noqa: E402
+from rag_app.retrieve import KeywordRetriever, QueryTerms, SearchIndex, VectorRetriever, fuse_query  # noqa: E402
 
 OUT = Path(__file__).parent / "out"
-Hits = list[tuple[str, float, str]]  # chunk id, score, note path
+CACHE_VERSION = 2
+CHANNELS = ("bm25", "vector", "vector2")
 
 
 def channel_cache(shared: Path, name: str, model: str) -> dict:
-    path = OUT / "cache" / f"{name}-{model}.pkl"
+    """Per query: each channel's top 50 (chunk id, score, note path), the query's tokens with their IDF and document
+    frequency, and which tokens each candidate contains."""
+    path = OUT / "cache" / f"{name}-{model}-v{CACHE_VERSION}.pkl"
     if path.exists():
         return pickle.loads(path.read_bytes())
     eval_set = materialise(shared, load_set(shared, name), OUT)
@@ -38,19 +45,44 @@ def channel_cache(shared: Path, name: str, model: str) -> dict:
         sys.exit(f"{home} is missing: run python bench/prepare_eval.py --model {model} {name}")
     index = SearchIndex(load_settings(home))
     keyword = index.keyword()
-    cache = {"queries": {}, "qrels": eval_set.qrels, "path_to_doc": eval_set.path_to_doc}
+    models = index.settings.models
+    retrievers = [("bm25", KeywordRetriever(index, 50, None)), ("vector", VectorRetriever(index, 50, None))]
+    if len(models) > 1:
+        retrievers.append(("vector2", VectorRetriever(index, 50, None, models[1])))
+    cache = {"queries": {}, "qrels": eval_set.qrels, "path_to_doc": eval_set.path_to_doc, "kinds": eval_set.kinds,
+             "chunks": len(keyword.ids)}
     for query_id, text in eval_set.queries.items():
-        rows = {}
-        retrievers = (("bm25", KeywordRetriever(index, 50, None)), ("vector", VectorRetriever(index, 50, None)))
+        row: dict = {"text": text}
         for channel, retriever in retrievers:
-            nodes = retriever.retrieve(text)
-            rows[channel] = [(n.node.node_id, float(n.score), n.node.metadata["path"]) for n in nodes]
-        rows["shares"] = keyword.match_share(tokenize(text),
-                                             sorted({h[0] for c in ("bm25", "vector") for h in rows[c]}))
-        cache["queries"][query_id] = rows
+            row[channel] = [(n.node.node_id, float(n.score), n.node.metadata["path"])
+                            for n in retriever.retrieve(text)]
+        tokens = tokenize(text)
+        candidates = sorted({h[0] for c in CHANNELS for h in row.get(c, [])})
+        idfs, contains = keyword.term_matrix(tokens, candidates)
+        row["terms"] = QueryTerms(tokens, idfs, [keyword.df(t) for t in tokens], len(keyword.ids))
+        row["contains"] = {c: contains[i] for i, c in enumerate(candidates)}
+        cache["queries"][query_id] = row
+    index.close()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(pickle.dumps(cache))
     return cache
+
+
+def fused_ranking(row: dict, config: RetrievalConfig, mode: str = "hybrid") -> list[tuple[str, str]]:
+    """(chunk id, path) best first, as search() would rank them for this query (one query, no filters)."""
+    paths = {cid: p for c in CHANNELS for cid, _, p in row.get(c, [])}
+    if mode != "hybrid":
+        return [(cid, p) for cid, _, p in row.get(mode, [])]
+    names = [c for c in CHANNELS if c in row]
+    lists = {c: [(cid, s) for cid, s, _ in row[c]] for c in names}
+    terms: QueryTerms = row["terms"]
+
+    def contains(chunk_ids: list[str]) -> np.ndarray:
+        empty = np.zeros(len(terms.tokens), dtype=bool)
+        return np.asarray([row["contains"].get(c, empty) for c in chunk_ids]).reshape(len(chunk_ids), -1)
+
+    fused = fuse_query(lists, terms, contains, config)
+    return [(c, paths[c]) for c in sorted(fused, key=fused.get, reverse=True)]
 
 
 def to_notes(ranked: list[tuple[str, str]], path_to_doc: dict[str, str], k: int = 10) -> list[str]:
@@ -64,106 +96,36 @@ def to_notes(ranked: list[tuple[str, str]], path_to_doc: dict[str, str], k: int 
     return out
 
 
-def rrf(lists: list[tuple[Hits, float]], k: int) -> list[tuple[str, str]]:
-    fused: dict[str, float] = {}
-    paths: dict[str, str] = {}
-    for hits, weight in lists:
-        for rank, (cid, _, path) in enumerate(hits):
-            fused[cid] = fused.get(cid, 0) + weight / (k + rank + 1)
-            paths[cid] = path
-    return [(c, paths[c]) for c in sorted(fused, key=fused.get, reverse=True)]
-
-
-def coverage(row: dict) -> float:
-    """IDF-weighted share of the query's terms that the top BM25 chunk contains (as KeywordRetriever computes it)."""
-    return row["shares"].get(row["bm25"][0][0], 0.0) if row["bm25"] else 0.0
-
-
-def zconf(hits: Hits) -> float:
-    if len(hits) < 3:
-        return 1.0 if hits else 0.0
-    s = np.array([h[1] for h in hits])
-    return float((s[0] - s[1:].mean()) / (s[1:].std() or 1e-6))
-
-
-VARIANTS: dict[str, Callable[[dict, dict], list[tuple[str, str]]]] = {}
-
-
-def variant(name: str):
-    def register(fn):
-        VARIANTS[name] = fn
-        return fn
-    return register
-
-
-@variant("bm25")
-def _bm25(row, p):
-    return [(c, path) for c, _, path in row["bm25"]]
-
-
-@variant("vector")
-def _vector(row, p):
-    return [(c, path) for c, _, path in row["vector"]]
-
-
-@variant("rrf60")
-def _rrf(row, p):
-    return rrf([(row["bm25"], 1.0), (row["vector"], 1.0)], 60)
-
-
-@variant("cov^a")
-def _cov(row, p):
-    w = coverage(row) ** p["a"]
-    return rrf([(row["bm25"], w * p["wb"]), (row["vector"], 1.0)], p["k"])
-
-
-@variant("3ch")
-def _three(row, p):
-    w = coverage(row) ** p["a"]
-    zb, zv = zconf(row["bm25"]), zconf(row["vector"])
-    lists = [(row["bm25"], w * p["wb"] * min(2, max(0.2, zb / 3))), (row["vector"], min(2, max(0.2, zv / 3)))]
-    if row.get("vector2"):
-        lists.append((row["vector2"], p.get("w2", 1.0) * min(2, max(0.2, zconf(row["vector2"]) / 3))))
-    return rrf(lists, p["k"])
-
-
-@variant("lexical")
-def _lexical(row, p):
-    """The default fusion (NoteFusionRetriever, adaptive): confidence- and coverage-weighted RRF plus the
-    lexical-match term (each candidate's IDF share of the query, scaled by the best chunk's coverage)."""
-    cov = coverage(row)
-    lists = [(row["bm25"], p["wb"] * cov * _clip(zconf(row["bm25"]))),
-             (row["vector"], p["wv"] * _clip(zconf(row["vector"])))]
-    if row.get("vector2"):
-        lists.append((row["vector2"], p["w2"] * (1 - cov) ** p["g"] * _clip(zconf(row["vector2"]))))
-    fused: dict[str, float] = {}
-    paths: dict[str, str] = {}
-    for hits, weight in lists:
-        for rank, (cid, _, path) in enumerate(hits):
-            fused[cid] = fused.get(cid, 0) + weight / (p["k"] + rank + 1)
-            paths[cid] = path
-    for cid in fused:
-        fused[cid] += p["lam"] * cov * row["shares"].get(cid, 0.0) / (p["k"] + 1)
-    return [(c, paths[c]) for c in sorted(fused, key=fused.get, reverse=True)]
-
-
-def _clip(z: float) -> float:
-    return min(2.0, max(0.2, z / 3))
-
-
-@variant("cov^a+z")
-def _covz(row, p):
-    w = coverage(row) ** p["a"]
-    zb, zv = zconf(row["bm25"]), zconf(row["vector"])
-    return rrf([(row["bm25"], w * p["wb"] * min(2, max(0.2, zb / 3))), (row["vector"], min(2, max(0.2, zv / 3)))],
-               p["k"])
-
-
-def evaluate(cache: dict, fn, params: dict) -> float:
-    runs = []
+def evaluate(cache: dict, config: RetrievalConfig, mode: str = "hybrid", by_kind: bool = False) -> dict:
+    """nDCG@10 etc. over the set, or {kind: metrics} when by_kind."""
+    runs: dict[str, list] = defaultdict(list)
     for query_id, row in cache["queries"].items():
-        runs.append((to_notes(fn(row, params), cache["path_to_doc"]), cache["qrels"][query_id]))
-    return summarise(runs)["ndcg@10"]
+        ranked = to_notes(fused_ranking(row, config, mode), cache["path_to_doc"])
+        kind = cache["kinds"].get(query_id, "all") if by_kind else "all"
+        runs[kind].append((ranked, cache["qrels"][query_id]))
+    if not by_kind:
+        return summarise(runs["all"])
+    return {kind: {**summarise(r), "n": len(r)} for kind, r in sorted(runs.items())}
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, float | str]:
+    out: dict[str, float | str] = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        try:
+            out[key] = float(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+def configured(overrides: dict) -> RetrievalConfig:
+    config = RetrievalConfig()
+    for key, value in overrides.items():
+        if not hasattr(config, key):
+            sys.exit(f"RetrievalConfig has no {key!r}")
+        setattr(config, key, type(getattr(config, key))(value))
+    return config
 
 
 def main() -> None:
@@ -171,37 +133,22 @@ def main() -> None:
     parser.add_argument("sets", nargs="+")
     parser.add_argument("--shared", default=str(Path(__file__).resolve().parents[2] / "shared"))
     parser.add_argument("--model", default="e5-small")
-    parser.add_argument("--second", default="", help="a second dense model's home to fuse as a third channel")
+    parser.add_argument("--set", nargs="*", default=[], help="RetrievalConfig overrides, key=value")
+    parser.add_argument("--kinds", action="store_true", help="also per query kind (locomo category, semantic kind)")
     args = parser.parse_args()
-    caches = {name: channel_cache(Path(args.shared), name, args.model) for name in args.sets}
-    if args.second:
-        for name, cache in caches.items():
-            other = channel_cache(Path(args.shared), name, args.second)
-            for query_id, row in cache["queries"].items():
-                row["vector2"] = other["queries"][query_id]["vector"]
-                row["shares"] = {**other["queries"][query_id]["shares"], **row["shares"]}
-        print("vector2 alone", " ".join(f"{evaluate(c, lambda r, p: [(x[0], x[2]) for x in r['vector2']], {}):.3f}"
-                                         for c in caches.values()))
-        for w2 in (0.5, 0.75, 1.0):
-            params = {"a": 1, "wb": 1.5, "k": 10, "w2": w2}
-            print("3ch", params, " ".join(f"{evaluate(c, VARIANTS['3ch'], params):.3f}" for c in caches.values()))
-        for lam in (0.0, 1.0, 1.5, 2.0):
-            params = {"wb": 0.25, "wv": 1.0, "w2": 3.0, "g": 4, "k": 7, "lam": lam}
-            scores = [evaluate(c, VARIANTS["lexical"], params) for c in caches.values()]
-            print("lexical", params, " ".join(f"{v:.3f}" for v in scores))
-    grid = [{"a": a, "wb": wb, "k": k} for a in (1, 2, 3, 4) for wb in (0.5, 1.0, 1.5) for k in (10, 30, 60)]
-    print("variant params " + " ".join(args.sets))
-    for name in ("bm25", "vector", "rrf60"):
-        print(name, "-", " ".join(f"{evaluate(c, VARIANTS[name], {}):.3f}" for c in caches.values()))
-    for name in ("cov^a", "cov^a+z"):
-        scored = []
-        for params in grid:
-            values = [evaluate(c, VARIANTS[name], params) for c in caches.values()]
-            scored.append((min(v - max(evaluate(c, VARIANTS['bm25'], {}), evaluate(c, VARIANTS['vector'], {}))
-                               for v, c in zip(values, caches.values(), strict=True)), params, values))
-        scored.sort(key=lambda s: s[0], reverse=True)
-        for margin, params, values in scored[:5]:
-            print(name, params, " ".join(f"{v:.3f}" for v in values), f"min margin {margin:+.3f}")
+    config = configured(parse_overrides(args.set))
+    print("| set | bm25 | vector | vector2 | hybrid | hybrid − best single |")
+    print("|---|---|---|---|---|---|")
+    for name in args.sets:
+        cache = channel_cache(Path(args.shared), name, args.model)
+        single = {m: evaluate(cache, config, m)["ndcg@10"] for m in CHANNELS}
+        hybrid = evaluate(cache, config)["ndcg@10"]
+        print(f"| {name} | {single['bm25']:.3f} | {single['vector']:.3f} | {single['vector2']:.3f} | "
+              f"**{hybrid:.3f}** | {hybrid - max(single.values()):+.3f} |", flush=True)
+        if args.kinds and cache["kinds"]:
+            for mode in (*CHANNELS, "hybrid"):
+                for kind, m in evaluate(cache, config, mode, by_kind=True).items():
+                    print(f"|   {name} {kind} (n={m['n']}) | {mode} | {m['ndcg@10']:.3f} |")
 
 
 if __name__ == "__main__":

@@ -40,6 +40,19 @@ ZH_STOPWORDS = frozenset(
     "是否 可以 一下 一些 这 那 你 他 她 它 之后 之前 关于 相关".split()
 )
 
+# What a question asks with, not what it is about: no passage that answers "哪一本书规范了梵语的语法" says 哪一. Kept
+# in the BM25 query (harmless there), but not counted as content when judging how much of a query a chunk covers.
+# Folded to Simplified, as tokens are; English question words are stopwords already.
+QUESTION_WORDS = frozenset(
+    "哪 几 几个 几位 几次 几年 几种 几岁 几天 几名 谁 何 何时 何地 何处 何人 何种 何者 为何 为什么 多少 多久 多长 多大 "
+    "多高 多远 怎样 怎么样 怎么 啥 甚么 什么 如何 是否 吗 呢 难道 是不是 有没有".split()
+)
+
+
+def is_question_word(token: str) -> bool:
+    """An interrogative token: one of QUESTION_WORDS, or a word jieba formed with 哪 (哪一, 哪里, 哪位, 哪年...)."""
+    return token in QUESTION_WORDS or token.startswith("哪")
+
 
 LAZY_HAN_CHARS = 2000
 _dictionary_lock = threading.RLock()
@@ -214,36 +227,49 @@ class KeywordIndex:
         self.row = {chunk_id: i for i, chunk_id in enumerate(ids)}
         self._df: np.ndarray | None = None
 
-    def idf(self, token: str) -> float | None:
-        """Inverse document frequency of a token, or None when no chunk has it."""
+    def df(self, token: str) -> int:
+        """How many chunks contain a token."""
         column = self.bm25.vocab_dict.get(token) if self.ids else None
         if column is None:
-            return None
+            return 0
         if self._df is None:
             indptr = np.asarray(self.bm25.scores["indptr"])
             self._df = indptr[1:] - indptr[:-1]
-        df = float(self._df[column])
+        return int(self._df[column])
+
+    def idf(self, token: str) -> float | None:
+        """Inverse document frequency of a token, or None when no chunk has it."""
+        df = self.df(token)
         return float(np.log(1 + (len(self.ids) - df + 0.5) / (df + 0.5))) if df else None
 
     def match_share(self, query_tokens: list[str], chunk_ids: list[str]) -> dict[str, float]:
         """Per chunk, the IDF-weighted share of the query's tokens it contains (0..1), read from the index's posting
         lists. Tokens no chunk has count in the denominator at the highest IDF seen: a query the notes only half
         cover never reaches 1."""
-        idfs = [self.idf(t) for t in query_tokens]
+        idfs, contains = self.term_matrix(query_tokens, chunk_ids)
         known = [i for i in idfs if i is not None]
         if not known or not chunk_ids:
             return {c: 0.0 for c in chunk_ids}
         ceiling = max(known)
+        weights = np.asarray([i if i is not None else 0.0 for i in idfs], dtype=np.float64)
         total = sum(i if i is not None else ceiling for i in idfs)
-        rows = np.asarray([self.row.get(c, -1) for c in chunk_ids])
-        got = np.zeros(len(chunk_ids), dtype=np.float64)
-        indptr, indices = self.bm25.scores["indptr"], self.bm25.scores["indices"]
-        for token, idf in zip(query_tokens, idfs, strict=True):
-            if idf is None:
-                continue
-            column = self.bm25.vocab_dict[token]
-            got += idf * np.isin(rows, indices[indptr[column] : indptr[column + 1]])
+        got = contains @ weights
         return {c: float(g / total) for c, g in zip(chunk_ids, got, strict=True)}
+
+    def term_matrix(self, query_tokens: list[str], chunk_ids: list[str]) -> tuple[list[float | None], np.ndarray]:
+        """Each query token's IDF (None when no chunk has it) and which chunks contain which token (a boolean
+        matrix, chunks × tokens), from the posting lists."""
+        idfs = [self.idf(t) for t in query_tokens]
+        contains = np.zeros((len(chunk_ids), len(query_tokens)), dtype=bool)
+        if not chunk_ids or not any(i is not None for i in idfs):
+            return idfs, contains
+        rows = np.asarray([self.row.get(c, -1) for c in chunk_ids])
+        indptr, indices = self.bm25.scores["indptr"], self.bm25.scores["indices"]
+        for j, (token, idf) in enumerate(zip(query_tokens, idfs, strict=True)):
+            if idf is not None:
+                column = self.bm25.vocab_dict[token]
+                contains[:, j] = np.isin(rows, indices[indptr[column] : indptr[column + 1]])
+        return idfs, contains
 
     @staticmethod
     def build(rows: Iterable[tuple[str, list[str]]]) -> KeywordIndex:

@@ -33,6 +33,7 @@ class RetrievalConfig:
     chunks_per_note: int = 3
     num_queries: int = 1
     coverage_power: float = 1.0
+    lead_gap: float = 3.0  # BM25's best chunk keeps first place when it covers the query and stands this far above
 
     @staticmethod
     def from_settings(settings: Settings) -> RetrievalConfig:

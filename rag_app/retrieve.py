@@ -13,6 +13,7 @@ import hashlib
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +25,7 @@ from llama_index.core.retrievers.fusion_retriever import FUSION_MODES
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
 from rag_app.config import Settings
-from rag_app.keyword import KeywordIndex, to_simplified, tokenize
+from rag_app.keyword import KeywordIndex, is_question_word, to_simplified, tokenize
 from rag_app.manifest import Manifest
 from rag_app.query import RetrievalConfig, SearchError, SearchFilters, clean_query, parse_variants
 from rag_app.time_phrases import extract_time_range
@@ -186,31 +187,30 @@ def _passes(meta: dict[str, Any], filters: SearchFilters) -> bool:
 
 
 class KeywordRetriever(BaseRetriever):
-    """BM25 over jieba/English tokens of title, heading, tags and text."""
+    """BM25 over jieba/English tokens of title, heading, tags and text; also what the fusion needs to know about
+    the query's words (their IDF, and which candidates contain them)."""
 
     def __init__(self, index: SearchIndex, top_k: int, allowed: set[str] | None):
         super().__init__()
         self.index, self.top_k, self.allowed = index, top_k, allowed
-        self.coverage: dict[str, float] = {}
-        self.tokens: dict[str, list[str]] = {}
+        self.terms: dict[str, QueryTerms] = {}
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        tokens = tokenize(query_bundle.query_str)
-        self.tokens[query_bundle.query_str] = tokens
-        hits = self._search(tokens)
-        self.coverage[query_bundle.query_str] = self.match_share(query_bundle.query_str, [hits[0][0]])[hits[0][0]] \
-            if hits else 0.0
-        return self.index.nodes(hits)
+        tokens = self.query_terms(query_bundle.query_str).tokens
+        return self.index.nodes(self._search(tokens))
 
-    def match_share(self, query: str, chunk_ids: list[str]) -> dict[str, float]:
-        """IDF-weighted share of the query's terms each chunk contains; terms no note has count at the highest IDF.
+    def query_terms(self, query: str) -> QueryTerms:
+        """The query's tokens with their IDF and document frequency in this index."""
+        if query not in self.terms:
+            keyword = self.index.keyword()
+            tokens = tokenize(query)
+            self.terms[query] = QueryTerms(tokens, [keyword.idf(t) for t in tokens], [keyword.df(t) for t in tokens],
+                                           len(keyword.ids))
+        return self.terms[query]
 
-        Low coverage of the best chunk means BM25 matched only common or partial words: its ranking says little.
-        """
-        tokens = self.tokens.get(query)
-        if tokens is None:
-            tokens = self.tokens[query] = tokenize(query)
-        return self.index.keyword().match_share(tokens, chunk_ids)
+    def contains(self, query: str, chunk_ids: list[str]) -> np.ndarray:
+        """Which of the query's tokens each chunk contains (chunks × tokens, boolean), from the posting lists."""
+        return self.index.keyword().term_matrix(self.query_terms(query).tokens, chunk_ids)[1]
 
     def _search(self, tokens: list[str]) -> list[tuple[str, float]]:
         keyword = self.index.keyword()
@@ -263,8 +263,134 @@ class VectorRetriever(BaseRetriever):
         return self.index.nodes(ranked[: self.top_k])
 
 
+@dataclass
+class QueryTerms:
+    """A query's BM25 tokens as the index sees them: the evidence behind BM25's coverage and the lexical-match term."""
+
+    tokens: list[str]
+    idfs: list[float | None]  # None: no chunk has the token
+    dfs: list[int]
+    chunks: int
+
+    def weights(self) -> np.ndarray:
+        """How much each token counts toward a chunk's share of the query: its IDF. A token no chunk has counts at
+        the highest IDF seen (a query the notes only half cover never reaches a share of 1); a question word
+        (哪一, 几个, 为何) counts nothing: no passage that answers a question says how it was asked."""
+        known = [i for i in self.idfs if i is not None]
+        ceiling = max(known) if known else 0.0
+        out = np.asarray([ceiling if i is None else i for i in self.idfs], dtype=np.float64)
+        out[[is_question_word(t) for t in self.tokens]] = 0.0
+        return out
+
+
+Lists = dict[str, list[tuple[str, float]]]
+Contains = Callable[[list[str]], np.ndarray]
+
+
+def gated_channel(config: RetrievalConfig) -> str:
+    """The USE-m3 channel, whose say grows as BM25 coverage falls: the second channel, or the only one in fast mode."""
+    return "vector" if config.fast_only else "vector2"
+
+
+def base_weight(name: str, config: RetrievalConfig) -> float:
+    if name == gated_channel(config):
+        return config.second_weight
+    return {"bm25": config.bm25_weight, "vector": config.vector_weight, "vector2": config.second_weight}[name]
+
+
+def shares(terms: QueryTerms | None, contains: Contains, chunk_ids: list[str]) -> dict[str, float]:
+    """Per chunk, the weighted share of the query's tokens it contains (0..1)."""
+    weights = terms.weights() if terms is not None else np.zeros(0)
+    total = float(weights.sum())
+    if not chunk_ids or total <= 0:
+        return {c: 0.0 for c in chunk_ids}
+    got = contains(chunk_ids).astype(np.float64) @ weights / total
+    return {c: float(g) for c, g in zip(chunk_ids, got, strict=True)}
+
+
+def bm25_coverage(lists: Lists, terms: QueryTerms | None, contains: Contains) -> float | None:
+    """How much of the query BM25's best chunk covers (None without a BM25 channel): low means BM25 matched only
+    common or partial words, and its ranking says little."""
+    if "bm25" not in lists:
+        return None
+    hits = lists["bm25"]
+    return shares(terms, contains, [hits[0][0]])[hits[0][0]] if hits else 0.0
+
+
+def channel_weight(name: str, scores: list[float] | None, coverage: float | None, config: RetrievalConfig) -> float:
+    """A channel's RRF weight for one query (before normalising by the channels' summed base weights);
+    `scores=None` gives its highest possible (confidence at its cap)."""
+    weight = base_weight(name, config)
+    if config.fusion != "adaptive":
+        return weight
+    weight *= CONFIDENCE_CAP if scores is None else confidence(scores)
+    if name == "bm25" and coverage is not None:
+        weight *= coverage**config.coverage_power
+    elif name == gated_channel(config) and coverage is not None:
+        weight *= (1.0 - coverage) ** config.second_gate
+    return weight
+
+
+def confidence(scores: list[float]) -> float:
+    """How far the best score stands above the rest of the list, in standard deviations (clipped)."""
+    if len(scores) < 3:
+        return 1.0 if scores else 0.0
+    values = np.asarray(scores, dtype=np.float64)
+    rest = values[1:]
+    return float(np.clip((values[0] - rest.mean()) / (rest.std() or 1e-6) / 3.0, 0.2, CONFIDENCE_CAP))
+
+
+def gated_out(lists: Lists, terms: QueryTerms | None, contains: Contains, config: RetrievalConfig) -> bool:
+    """Whether the gated channel, not yet run, would carry under 1 % of the fused weight even at its highest
+    confidence: then running it cannot change the ranking (measured on the dev sets), so it is skipped."""
+    coverage = bm25_coverage(lists, terms, contains)
+    if config.fusion != "adaptive" or coverage is None:
+        return False
+    others = sum(channel_weight(n, [s for _, s in hits], coverage, config) for n, hits in lists.items())
+    return channel_weight(gated_channel(config), None, coverage, config) < GATED_SKIP * others
+
+
+def fuse_query(lists: Lists, terms: QueryTerms | None, contains: Contains, config: RetrievalConfig,
+               candidates: list[str] | None = None, weights_out: dict[str, float] | None = None) -> dict[str, float]:
+    """One query's fused score per chunk: each channel's reciprocal ranks, weighted per query (adaptive), plus the
+    lexical-match term for every candidate (all chunks any channel found, or `candidates`)."""
+    total = sum(base_weight(n, config) for n in lists) or 1.0
+    coverage = bm25_coverage(lists, terms, contains)
+    fused: dict[str, float] = {}
+    for name, hits in lists.items():
+        weight = channel_weight(name, [s for _, s in hits], coverage, config) / total
+        if weights_out is not None:
+            weights_out[name] = weight
+        for rank, (chunk_id, _) in enumerate(hits):
+            fused[chunk_id] = fused.get(chunk_id, 0.0) + weight / (config.rrf_k + rank + 1)
+    if config.fusion == "adaptive" and len(lists) > 1 and coverage and config.lexical_weight:
+        # BM25's *rank* is a weak signal among same-topic notes that all contain the query's words (it then orders
+        # by term counts and length); whether a note has the words at all is a strong one. Scaled by how well the
+        # best chunk covers the query, so a query the notes never phrase that way is left to the dense channels.
+        scale = config.lexical_weight / total * coverage / (config.rrf_k + 1)
+        for chunk_id, share in shares(terms, contains, candidates or list(fused)).items():
+            fused[chunk_id] = fused.get(chunk_id, 0.0) + scale * share
+    if config.fusion == "adaptive" and config.lead_gap and coverage is not None and coverage >= 1.0 - 1e-9:
+        # A reading-comprehension question names its paragraph's rare words: when BM25's best chunk has every
+        # content word and no other chunk comes close, its lead is the strongest evidence there is (drcd_dev).
+        hits = lists["bm25"]
+        if lead_gap([s for _, s in hits]) >= config.lead_gap:
+            top = hits[0][0]
+            rival = max((v for c, v in fused.items() if c != top), default=0.0)
+            fused[top] = max(fused[top], rival * (1 + 1e-6) + 1e-9)
+    return fused
+
+
+def lead_gap(scores: list[float]) -> float:
+    """How far BM25's best score stands above its second, in standard deviations of the rest of the list."""
+    if len(scores) < 3:
+        return float("inf") if len(scores) == 1 else 0.0
+    values = np.asarray(scores, dtype=np.float64)
+    return float((values[0] - values[1]) / (values[1:].std() or 1e-6))
+
+
 class NoteFusionRetriever(QueryFusionRetriever):
-    """Reciprocal-rank fusion keyed on chunk ids, with configurable constant and channel weights.
+    """Reciprocal-rank fusion keyed on chunk ids, with configurable constant and channel weights (`fuse_query`).
 
     `fusion="adaptive"` scales each channel's contribution per query by its confidence: how far its best score
     stands above the rest of its list, and for BM25 how much of the query its best chunk covers (IDF-weighted), so a
@@ -279,13 +405,7 @@ class NoteFusionRetriever(QueryFusionRetriever):
         self.config = config
         self.variants = [v for v in (variants or []) if v.strip()]
         num_queries = 1 + len(self.variants) if self.variants else (config.num_queries if llm is not None else 1)
-        # The USE-m3 channel is the one gated by BM25 coverage: the second channel, or the only one in fast mode.
-        self.gated = "vector" if config.fast_only else "vector2"
-        by_name = {"bm25": config.bm25_weight, "vector": config.vector_weight, "vector2": config.second_weight}
-        by_name[self.gated] = config.second_weight
-        weights = [by_name[n] for n in names]
-        # QueryFusionRetriever divides channel weights by their sum; the lexical-match term is scaled alike
-        self.lexical_scale = config.lexical_weight / (sum(weights) or 1.0)
+        self.gated = gated_channel(config)
         super().__init__(
             retrievers,
             llm=llm or MockLLM(),
@@ -293,7 +413,7 @@ class NoteFusionRetriever(QueryFusionRetriever):
             similarity_top_k=config.candidates,
             num_queries=num_queries,
             use_async=False,
-            retriever_weights=weights,
+            retriever_weights=[base_weight(n, config) for n in names],
             query_gen_prompt=QUERY_GEN_PROMPT,
         )
         self.queries_run: list[str] = []
@@ -309,33 +429,24 @@ class NoteFusionRetriever(QueryFusionRetriever):
         for query in queries:
             text = query.query_str
             for i, retriever in enumerate(self._retrievers):
-                if self.names[i] == self.gated and self._gated_out(text, results):
+                if self.names[i] == self.gated and gated_out(self._lists(text, results), *self._evidence(text),
+                                                             self.config):
                     self.channel_skipped[self.names[i]] += 1
                     results[(text, i)] = []
                     continue
                 results[(text, i)] = retriever.retrieve(query)
         return results
 
-    def _gated_out(self, query: str, results: dict[tuple[str, int], list[NodeWithScore]]) -> bool:
-        if self.config.fusion != "adaptive" or self._bm25_coverage(query) is None:
-            return False
-        gated = self.names.index(self.gated)
-        others = sum(self._channel_weight(i, query, hits) for (q, i), hits in results.items() if q == query)
-        best_case = self._channel_weight(gated, query, None)
-        return best_case < GATED_SKIP * others
+    def _lists(self, query: str, results: dict[tuple[str, int], list[NodeWithScore]]) -> Lists:
+        return {self.names[i]: [(h.node.node_id, float(h.score or 0.0)) for h in hits]
+                for (q, i), hits in results.items() if q == query}
 
-    def _channel_weight(self, i: int, query: str, hits: list[NodeWithScore] | None) -> float:
-        """A channel's RRF weight for this query; `hits=None` gives its highest possible (confidence at its cap)."""
-        name = self.names[i]
-        weight = self._retriever_weights[i]
-        if self.config.fusion == "adaptive":
-            weight *= CONFIDENCE_CAP if hits is None else self._confidence(hits)
-            coverage = self._bm25_coverage(query)
-            if name == "bm25" and coverage is not None:
-                weight *= coverage**self.config.coverage_power
-            elif name == self.gated and coverage is not None:
-                weight *= (1.0 - coverage) ** self.config.second_gate
-        return weight
+    def _evidence(self, query: str) -> tuple[QueryTerms | None, Contains]:
+        """The query's terms and a chunk → contained-terms lookup, from the BM25 channel (none without it)."""
+        if "bm25" not in self.names:
+            return None, lambda chunk_ids: np.zeros((len(chunk_ids), 0), dtype=bool)
+        keyword: KeywordRetriever = self._retrievers[self.names.index("bm25")]  # type: ignore[assignment]
+        return keyword.query_terms(query), lambda chunk_ids: keyword.contains(query, chunk_ids)
 
     def _get_queries(self, original_query: str) -> list[QueryBundle]:
         if self.variants:
@@ -348,56 +459,25 @@ class NoteFusionRetriever(QueryFusionRetriever):
         return [QueryBundle(v) for v in parse_variants(reply, self.num_queries - 1) if v != original_query]
 
     def _reciprocal_rerank_fusion(self, results: dict[tuple[str, int], list[NodeWithScore]]) -> list[NodeWithScore]:
-        fused: dict[str, float] = {}
         nodes: dict[str, NodeWithScore] = {}
         for (query, i), hits in results.items():
             if query not in self.queries_run:
                 self.queries_run.append(query)
-            name = self.names[i]
-            self.channel_hits[name] += len(hits)
-            weight = self._channel_weight(i, query, hits)
-            self.channel_weights[name].append(round(weight, 3))
-            for rank, hit in enumerate(hits):
-                chunk_id = hit.node.node_id
-                fused[chunk_id] = fused.get(chunk_id, 0.0) + weight / (self.config.rrf_k + rank + 1)
-                nodes.setdefault(chunk_id, hit)
-        if self.config.fusion == "adaptive" and len(self.names) > 1:
-            self._add_lexical_match(fused)
+            self.channel_hits[self.names[i]] += len(hits)
+            for hit in hits:
+                nodes.setdefault(hit.node.node_id, hit)
+        candidates = list(nodes)
+        fused: dict[str, float] = {}
+        for query in self.queries_run:
+            weights: dict[str, float] = {}
+            scores = fuse_query(self._lists(query, results), *self._evidence(query), self.config,
+                                candidates=candidates, weights_out=weights)
+            for chunk_id, score in scores.items():
+                fused[chunk_id] = fused.get(chunk_id, 0.0) + score
+            for name, weight in weights.items():
+                self.channel_weights[name].append(round(weight, 3))
         ranked = sorted(fused, key=lambda c: fused[c], reverse=True)
         return [NodeWithScore(node=nodes[c].node, score=fused[c]) for c in ranked]
-
-    def _add_lexical_match(self, fused: dict[str, float]) -> None:
-        """Reward every candidate, whichever channel found it, by the share of the query's words it contains.
-
-        BM25's *rank* is a weak signal among same-topic notes that all contain the query's words (it then orders
-        by term counts and length); whether a note has the words at all is a strong one. Scaled by how well the
-        best chunk covers the query, so a query the notes never phrase that way is left to the dense channels.
-        """
-        if "bm25" not in self.names or not self.lexical_scale:
-            return
-        keyword: KeywordRetriever = self._retrievers[self.names.index("bm25")]  # type: ignore[assignment]
-        candidates = list(fused)
-        for query in self.queries_run:
-            coverage = keyword.coverage.get(query)
-            if not coverage:
-                continue
-            scale = self.lexical_scale * coverage / (self.config.rrf_k + 1)
-            for chunk_id, share in keyword.match_share(query, candidates).items():
-                fused[chunk_id] += scale * share
-
-    def _bm25_coverage(self, query: str) -> float | None:
-        if "bm25" not in self.names:
-            return None
-        return self._retrievers[self.names.index("bm25")].coverage.get(query)
-
-    @staticmethod
-    def _confidence(hits: list[NodeWithScore]) -> float:
-        """How far the best score stands above the rest of the list, in standard deviations (clipped)."""
-        if len(hits) < 3:
-            return 1.0 if hits else 0.0
-        scores = np.array([h.score or 0.0 for h in hits], dtype=np.float64)
-        rest = scores[1:]
-        return float(np.clip((scores[0] - rest.mean()) / (rest.std() or 1e-6) / 3.0, 0.2, CONFIDENCE_CAP))
 
 
 QUERY_GEN_PROMPT = (

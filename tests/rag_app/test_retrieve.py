@@ -7,14 +7,25 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from rag_app.config import load_settings
 from rag_app.engine import Brain, SearchError
+from rag_app.keyword import tokenize
 from rag_app.query import RetrievalConfig, parse_variants
-from rag_app.retrieve import KeywordRetriever, NoteFusionRetriever, SearchIndex, excerpt
+from rag_app.retrieve import (
+    Contains,
+    KeywordRetriever,
+    NoteFusionRetriever,
+    QueryTerms,
+    SearchIndex,
+    bm25_coverage,
+    excerpt,
+    fuse_query,
+)
 from tests.conftest import REPO, SAMPLE_VAULT
 from tests.doubles.openai_server import OpenAIDouble
 
@@ -267,3 +278,53 @@ def test_cli_search_json(sample_home):
     data = json.loads(done.stdout)
     assert data["query"] == "观影" and data["coverage"]["filters"]["tags"] == ["电影"]
     assert [r["path"] for r in data["results"]] == ["生活/电影清单.md"]
+
+
+def crafted(tokens: list[str], table: dict[str, set[str]], idf: float = 3.0) -> tuple[QueryTerms, Contains]:
+    """Query terms (every token in some note, at one IDF) and a chunk → contained-tokens lookup from a table (a token
+    no note has is contained by none, as in the posting lists)."""
+    terms = QueryTerms(tokens, [idf] * len(tokens), [10] * len(tokens), 1000)
+
+    def contains(chunk_ids: list[str]) -> np.ndarray:
+        return np.asarray([[t in table.get(c, set()) and idf is not None for t, idf in zip(tokens, terms.idfs,
+                                                                                            strict=True)]
+                           for c in chunk_ids], dtype=bool)
+
+    return terms, contains
+
+
+def test_question_words_do_not_count_against_bm25_coverage():
+    """No passage that answers "哪一本書規範了梵語的正確語法？" says 哪一: the answer covers the whole question."""
+    tokens = tokenize("哪一本書規範了梵語的正確語法？")
+    assert "哪一" in tokens
+    content = {t for t in tokens if t != "哪一"}
+    terms, contains = crafted(tokens, {"answer": content, "partial": content - {"梵语"}})
+    assert bm25_coverage({"bm25": [("answer", 9.0)]}, terms, contains) == 1.0
+    assert bm25_coverage({"bm25": [("partial", 9.0)]}, terms, contains) < 1.0
+    # a word no note has still counts: the notes only half cover such a query
+    terms.idfs[tokens.index("梵语")] = None
+    assert bm25_coverage({"bm25": [("answer", 9.0)]}, terms, contains) < 1.0
+
+
+def bm25_list(top: float, rest: list[float]) -> list[tuple[str, float]]:
+    return [("answer", top), *((f"other-{i}", s) for i, s in enumerate(rest))]
+
+
+def test_a_bm25_top_hit_covering_the_query_far_above_the_rest_keeps_its_lead():
+    tokens = ["梵语", "语法", "规范"]
+    table = {"answer": set(tokens), "other-0": set(tokens), **{f"other-{i}": {"梵语"} for i in range(1, 30)}}
+    terms, contains = crafted(tokens, table)
+    dense = [("other-0", 0.92), ("other-1", 0.91), ("answer", 0.90), *((f"other-{i}", 0.8) for i in range(2, 30))]
+    config = RetrievalConfig()
+
+    def first(bm25: list[tuple[str, float]], vector: list[tuple[str, float]] = dense) -> str:
+        fused = fuse_query({"bm25": bm25, "vector": vector}, terms, contains, config)
+        return max(fused, key=fused.get)
+
+    clear_lead = bm25_list(30.0, [12.0 - 0.1 * i for i in range(29)])
+    assert first(clear_lead) == "answer"
+    # same-topic neighbours that score about as high (rgb_zh_dev): BM25's order is noise, the dense choice stands
+    assert first(bm25_list(12.2, [12.0 - 0.1 * i for i in range(29)])) == "other-0"
+    # a top hit that misses a content word does not keep its lead, however far above it stands
+    table["answer"] = {"梵语", "语法"}
+    assert first(clear_lead) == "other-0"
