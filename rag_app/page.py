@@ -306,7 +306,7 @@ def llm_markdown(state: dict[str, Any]) -> str:
     """The LLM line above the chat, honest about a half-done configuration."""
     if state.get("configured"):
         return (f"**cflow-brain** · LLM **{escape_markdown(str(state.get('model') or ''))}** at "
-                f"{escape_markdown(str(state.get('base_url') or ''))}")
+                f"{_inert(str(state.get('base_url') or ''), frozenset())}")  # shown, not autolinked
     missing = [str(m) for m in state.get("missing") or []]
     if missing:
         return (f"**cflow-brain** · ⚠️ LLM configured but incomplete: missing {escape_markdown(', '.join(missing))}; "

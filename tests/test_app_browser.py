@@ -1,4 +1,5 @@
-"""The chat page in a real headless Chromium: `brain serve` as a user starts it, a question typed, cited links seen."""
+"""The chat page in a real headless Chromium (1400 px and a 400 px phone): `brain serve` as a user starts it, a
+conversation held with an OpenAI-compatible double, kept over a reload, notes opened in the page, nothing fetched."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from urllib.parse import unquote
 
 import pytest
 
+from rag_app.engine import Brain
 from tests.conftest import free_port, stop
 from tests.doubles.openai_server import OpenAIDouble
 
@@ -30,6 +32,7 @@ if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
                 allow_module_level=True)
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is missing: `make install` installs it")
 
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
@@ -48,29 +51,54 @@ def wait_until_up(url: str, server: subprocess.Popen[str], timeout: float = 120.
     pytest.fail(f"brain serve did not answer on {url} within {timeout:.0f} s")
 
 
+class Served:
+    """A running `brain serve`: its URL and its home (to read the conversations it stored)."""
+
+    def __init__(self, url: str, home: Path):
+        self.url, self.home = url, home
+
+    def session(self, name: str) -> dict[str, Any]:
+        brain = Brain(self.home)
+        try:
+            return brain.session(name)
+        finally:
+            brain.close()
+
+
 @pytest.fixture
-def start_page(sample_home: Path, tmp_path: Path) -> Iterator[Callable[..., str]]:
-    """`start_page(**env)` runs `brain serve` over a copy of the synced sample home with Obsidian links on (the copy
-    keeps the shared home as it was) and returns the page's URL."""
+def start_served(sample_home: Path, tmp_path: Path) -> Iterator[Callable[..., Served]]:
+    """`start_served(home=None, **env)` runs `brain serve` from an unrelated folder (the page comes from the installed
+    package) over `home`, by default a copy of the synced sample home (the shared one stays as it was), Obsidian links
+    on, no LLM unless `env` names one."""
     servers: list[subprocess.Popen[str]] = []
 
-    def start(**extra_env: str) -> str:
-        home = tmp_path / f"home-{len(servers)}"
-        shutil.copytree(sample_home, home)
-        (home / "config.toml").write_text("[serve]\nobsidian = true\n", encoding="utf-8")
+    def start(home: Path | None = None, **extra_env: str) -> Served:
+        if home is None:
+            home = tmp_path / f"home-{len(servers)}"
+            shutil.copytree(sample_home, home)
+        with (home / "config.toml").open("a", encoding="utf-8") as config:
+            config.write("\n[serve]\nobsidian = true\n")
         port = free_port()
         env = {k: v for k, v in os.environ.items() if k not in ("LLM_BASE_URL", "LLM_MODEL", "BRAIN_HOME")}
         brain = Path(sys.executable).with_name("brain")
-        server = subprocess.Popen([str(brain), "--home", str(home), "serve", "--port", str(port)],
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir(exist_ok=True)
+        server = subprocess.Popen([str(brain), "--home", str(home), "serve", "--port", str(port)], cwd=elsewhere,
                                   env=env | extra_env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         servers.append(server)
         url = f"http://127.0.0.1:{port}/"
         wait_until_up(url, server)
-        return url
+        return Served(url, home)
 
     yield start
     for server in servers:
         stop(server)
+
+
+@pytest.fixture
+def start_page(start_served: Callable[..., Served]) -> Callable[..., str]:
+    """`start_page(**env)`: the URL of a `brain serve` over a copy of the sample home."""
+    return lambda **env: start_served(**env).url
 
 
 @pytest.fixture
@@ -90,9 +118,34 @@ def browser() -> Iterator[webdriver.Chrome]:
     driver.quit()
 
 
+def as_phone(driver: webdriver.Chrome, width: int = 400, height: int = 800) -> None:
+    """A phone's viewport (headless Chromium will not make a window narrower than 500 px)."""
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                           {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": True})
+
+
 def policy_violations(driver: webdriver.Chrome) -> list[str]:
     """What Chromium refused because of the page's Content-Security-Policy (from its console)."""
     return [entry["message"] for entry in driver.get_log("browser") if "Content Security Policy" in entry["message"]]
+
+
+def bubbles(driver: webdriver.Chrome) -> list[Any]:
+    return driver.find_elements(By.CSS_SELECTOR, "[data-testid='bot']")
+
+
+def finished(driver: webdriver.Chrome, count: int) -> list[str] | bool:
+    """The answers' texts once `count` of them are complete (their sources listed), else False. (The chat re-renders
+    while it streams: an element found a moment ago may be gone, so texts are read at once and links found anew.)"""
+    try:
+        texts = [bubble.text for bubble in bubbles(driver)]
+    except StaleElementReferenceException:
+        return False
+    return texts if len(texts) == count and all("Sources" in text for text in texts) else False
+
+
+def citation(driver: webdriver.Chrome, answer: int, n: int = 1) -> Any:
+    """The `[n]` marker of an answer: a link that opens its note in the page."""
+    return next(a for a in bubbles(driver)[answer].find_elements(By.TAG_NAME, "a") if a.text == f"[{n}]")
 
 
 def movie_links(driver: webdriver.Chrome) -> list[str]:
@@ -105,24 +158,144 @@ def movie_links(driver: webdriver.Chrome) -> list[str]:
     return found
 
 
-def test_question_in_the_browser_gets_a_cited_answer(page_url: str, browser: webdriver.Chrome,
-                                                     tmp_path: Path) -> None:
-    browser.get(page_url)
-    question = WebDriverWait(browser, 60).until(lambda d: d.find_element(By.CSS_SELECTOR, "#question textarea"))
-    question.send_keys("我想看哪些电影？")
-    question.send_keys(Keys.ENTER)
+def patient(driver: webdriver.Chrome, seconds: float = 60) -> WebDriverWait:
+    """A wait that looks again when the page re-rendered the element it was reading."""
+    return WebDriverWait(driver, seconds, ignored_exceptions=(StaleElementReferenceException,))
 
-    links = WebDriverWait(browser, 180).until(movie_links)
-    assert any(href.startswith("obsidian://open?vault=sample_vault&file=生活/电影清单.md") for href in links), links
 
-    screenshot = tmp_path / "chat-page.png"
+def note_panel(driver: webdriver.Chrome) -> Any:
+    return driver.find_element(By.ID, "note-view")
+
+
+def in_viewport(driver: webdriver.Chrome, element: Any) -> bool:
+    return driver.execute_script("const r = arguments[0].getBoundingClientRect();"
+                                 "return r.top >= 0 && r.top < window.innerHeight && r.height > 0;", element)
+
+
+def alnum(text: str) -> str:
+    return "".join(char for char in text if char.isalnum())
+
+
+FIRST, FOLLOW_UP = "我想看哪些电影？", "第二部是谁导演的？"
+FIRST_ANSWER, SECOND_ANSWER = "你想看《花样年华》和《一一》[1]。", "《一一》是杨德昌导演的[1]。"
+
+
+def conversation_reply(body: dict[str, Any]) -> str:
+    """The double as a model: a standalone question when asked to condense, else the answer to the question."""
+    prompt = body["messages"][-1]["content"]
+    if "Standalone question:" in prompt:
+        return "想看的电影里第二部《一一》是谁导演的？"
+    return SECOND_ANSWER if prompt.endswith(FOLLOW_UP) else FIRST_ANSWER
+
+
+def ask_in_page(driver: webdriver.Chrome, question: str) -> None:
+    box = WebDriverWait(driver, 60).until(lambda d: d.find_element(By.CSS_SELECTOR, "#question textarea"))
+    box.send_keys(question)
+    box.send_keys(Keys.ENTER)
+
+
+def test_a_conversation_follows_up_survives_a_reload_and_opens_its_notes(start_served: Callable[..., Served],
+                                                                         browser: webdriver.Chrome,
+                                                                         tmp_path: Path) -> None:
+    with OpenAIDouble([conversation_reply]) as llm:
+        served = start_served(LLM_BASE_URL=llm.url, LLM_MODEL="qwen2.5")
+        browser.get(served.url)
+        ask_in_page(browser, FIRST)
+        WebDriverWait(browser, 180).until(lambda d: finished(d, 1))
+        ask_in_page(browser, FOLLOW_UP)
+        second = WebDriverWait(browser, 180).until(lambda d: finished(d, 2))[-1]
+        href = unquote(citation(browser, 1).get_attribute("href") or "")
+        sent = llm.requests[-1]["body"]["messages"]
+    first_answer = "你想看《花样年华》和《一一》。"  # sent back without the [n] of its own turn's sources
+    assert [(m["role"], m["content"]) for m in sent[1:3]] == [("user", FIRST), ("assistant", first_answer)]
+    assert second.startswith("《一一》是杨德昌导演的[1]。")
+    assert "电影清单" in href, "the follow-up found the movies note"
+    assert "Searched for: 想看的电影里第二部《一一》是谁导演的？" in second
+    screenshot = tmp_path / "conversation-1400.png"
     browser.save_screenshot(str(screenshot))
     print(f"screenshot: {screenshot}")
-    assert screenshot.stat().st_size > 10_000
 
-    browser.find_element(By.XPATH, "//button[normalize-space()='Show related notes']").click()
-    WebDriverWait(browser, 60).until(lambda d: "Related to 电影清单" in d.find_element(By.TAG_NAME, "body").text)
+    browser.refresh()
+    reloaded = WebDriverWait(browser, 60).until(lambda d: finished(d, 2))
+    assert reloaded[-1].startswith("《一一》是杨德昌导演的[1]。")
+    users = [u.text for u in browser.find_elements(By.CSS_SELECTOR, "[data-testid='user']")]
+    assert users == [FIRST, FOLLOW_UP]
+    name = browser.find_element(By.CSS_SELECTOR, "#sessions input").get_attribute("value").split(" · ")[0]
+    cited = served.session(name)["turns"][1]["citations"][0]
+
+    citation(browser, 1).click()
+    patient(browser).until(lambda d: "电影清单" in note_panel(d).text and
+                                     d.find_elements(By.CSS_SELECTOR, "#note-view .brain-hit"))
+    lit = browser.find_elements(By.CSS_SELECTOR, "#note-view .brain-hit")
+    assert alnum(cited["excerpt"])[:30] in alnum("".join(e.text for e in lit)), "the cited passage is lit"
+    assert "#电影" in note_panel(browser).text and "Open in Obsidian" in note_panel(browser).text
+    assert len(browser.window_handles) == 1, "the note opened in the page, not in a tab"
+    assert in_viewport(browser, lit[0])
+
+    next(a for a in note_panel(browser).find_elements(By.TAG_NAME, "a") if a.text == "首页").click()
+    patient(browser).until(lambda d: d.find_element(By.CSS_SELECTOR, "#note-view h2").text == "首页")
+    assert not browser.find_elements(By.CSS_SELECTOR, "#note-view .brain-hit")
     assert not policy_violations(browser), "the page's own assets must work under its Content-Security-Policy"
+
+
+def test_on_a_phone_the_question_box_is_on_the_first_screen(page_url: str, browser: webdriver.Chrome,
+                                                           tmp_path: Path) -> None:
+    as_phone(browser)
+    browser.get(page_url)
+    ask_in_page(browser, FIRST)
+    WebDriverWait(browser, 180).until(lambda d: finished(d, 1))
+    browser.execute_script("window.scrollTo(0, 0)")
+    assert browser.execute_script("return window.innerWidth") == 400
+    box = browser.find_element(By.CSS_SELECTOR, "#question textarea")
+    assert browser.execute_script("return arguments[0].getBoundingClientRect().bottom", box) <= 800
+    screenshot = tmp_path / "phone-400.png"
+    browser.save_screenshot(str(screenshot))
+    print(f"screenshot: {screenshot}")
+
+    citation(browser, 0).click()  # the note panel sits below the chat here: it is brought into view
+    patient(browser).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#note-view .brain-hit"))
+    patient(browser, 10).until(lambda d: in_viewport(d, d.find_element(By.ID, "brain-hit")))
+
+
+HOSTILE_NOTE = """# 可疑的笔记
+
+电影清单的副本 <img src="{leak}/html"> ![x]({leak}/md) <script>fetch("{leak}/script")</script>
+[点我]({leak}/link) [[电影清单]]
+
+<svg><image href="{leak}/svg"/></svg> <iframe src="{leak}/frame"></iframe>
+"""
+
+
+def test_a_hostile_note_opened_in_the_page_fetches_nothing(start_served: Callable[..., Served], home: Path,
+                                                          make_vault: Callable[..., Path],
+                                                          browser: webdriver.Chrome) -> None:
+    listener = Listener()
+    try:
+        vault = make_vault({"可疑.md": HOSTILE_NOTE.format(leak=listener.base), "电影清单.md": "# 电影清单\n\n花样"})
+        brain = Brain(home)
+        assert not brain.sync(vaults=(str(vault),)).failed
+        brain.close()
+        served = start_served(home)
+        browser.get(served.url)
+        ask_in_page(browser, "可疑的笔记")
+        WebDriverWait(browser, 120).until(lambda d: finished(d, 1))
+        next(a for a in bubbles(browser)[0].find_elements(By.TAG_NAME, "a") if a.text == "可疑的笔记").click()
+        patient(browser).until(lambda d: "可疑的笔记" in note_panel(d).text)
+        time.sleep(2)  # time for anything the note could load
+        panel = note_panel(browser)
+        links = [(a.get_attribute("href") or "", a.get_attribute("rel") or "", a.get_attribute("target"))
+                 for a in panel.find_elements(By.TAG_NAME, "a")]
+        shown = panel.text
+        elements = panel.find_elements(By.CSS_SELECTOR, "img, script, svg, image, iframe")
+    finally:
+        listener.close()
+    assert listener.paths == []
+    assert elements == []
+    # A web link written in the note stays a link (a click is the reader's choice): a new tab, no referrer.
+    assert [link for link in links if listener.base in link[0]] == [(f"{listener.base}/link", "noopener noreferrer",
+                                                                      "_blank")]
+    assert f'<img src="{listener.base}/html">' in shown and "点我" in shown
+    assert any("电影清单" in unquote(href) for href, _, _ in links), "the wikilink opens its note in place"
 
 
 class Listener:
@@ -154,9 +327,7 @@ class Listener:
 
 def ask_in_browser(driver: webdriver.Chrome, url: str, question: str) -> None:
     driver.get(url)
-    box = WebDriverWait(driver, 60).until(lambda d: d.find_element(By.CSS_SELECTOR, "#question textarea"))
-    box.send_keys(question)
-    box.send_keys(Keys.ENTER)
+    ask_in_page(driver, question)
 
 
 def test_an_answer_cannot_make_the_browser_fetch_anything(start_page: Callable[..., str],
