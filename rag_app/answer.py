@@ -12,7 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-DEFAULT_BUDGET = 12_000
+from rag_app.config import LLMSection
+
+DEFAULT_BUDGET: int = LLMSection.model_fields["budget_chars"].default  # [llm] budget_chars
 FULL_TEXT_NOTES = 3
 NOT_FOUND = "我在你的笔记里没有找到能回答这个问题的内容。 / Your notes do not seem to contain the answer."
 NO_NOTES = "no notes yet: run brain sync --vault DIR or --memos URL"

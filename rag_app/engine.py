@@ -75,6 +75,11 @@ class Brain:
     def home(self) -> Path:
         return self.settings.home
 
+    @property
+    def agents_see_private(self) -> bool:
+        """[mcp] allow_private: whether agents (MCP, tools) may see PRIVATE memos."""
+        return bool(self.settings.mcp["allow_private"])
+
     def known_sources(self) -> list[SourceSpec]:
         """Sources from the config file, then those remembered from earlier `--vault` / `--memos` runs."""
         specs = {s.name: s for s in self.settings.sources}
@@ -253,7 +258,7 @@ class Brain:
             unknown = [name for name in sources if name not in known]
             if unknown:
                 raise SearchError(f"unknown source {unknown[0]!r}; known: {', '.join(sorted(known))}")
-        hide_private = audience == "agent" and not self.settings.mcp.get("allow_private", False)
+        hide_private = audience == "agent" and not self.agents_see_private
         filters = SearchFilters(tuple(sources), tuple(tags), path_prefix, _date(since, "since"), _date(until, "until"),
                                 exclude_private=hide_private)
         llm = self.llm() if expand and not variants else None
@@ -345,7 +350,7 @@ class Brain:
             coverage["condensed_query"] = query
         if not found.results and self.status()["notes"] == 0:
             coverage["empty_index"] = True
-        total = budget or int(self.settings.llm.get("budget_chars", answers.DEFAULT_BUDGET))
+        total = budget or self.settings.llm["budget_chars"]
         notice = None
         if config.missing:
             coverage.update(llm="incomplete", llm_missing=config.missing)
@@ -355,7 +360,8 @@ class Brain:
         if llm is not None and found.results and llm_error is None:
             with self._lock:
                 manifest = self.searcher().manifest
-                full = {r["note_id"]: (manifest.note_doc(r["note_id"]) or ("",))[0] for r in found.results[:3]}
+                full = {r["note_id"]: (manifest.note_doc(r["note_id"]) or ("",))[0]
+                        for r in found.results[: answers.FULL_TEXT_NOTES]}
             past = self._history_messages(history, total)
             context = answers.build_context(found.results, full, total - sum(len(m.content or "") for m in past))
             try:
@@ -464,7 +470,7 @@ class Brain:
         if fresh:
             text, meta, freshness = self._read_fresh(note_id, meta, entry.hash if entry else "", audience)
         graph = self.graph()
-        hidden = graph.private if audience == "agent" and not self.settings.mcp.get("allow_private", False) else set()
+        hidden = graph.private if audience == "agent" and not self.agents_see_private else set()
         note = _citation_fields(note_id, meta)
         note.update(
             text=text[:max_chars],
@@ -589,7 +595,7 @@ class Brain:
         """Agents (MCP, tools) do not see PRIVATE memos unless the config allows it ([mcp] allow_private)."""
         if audience != "agent" or meta.get("kind") != "memos":
             return True
-        return meta.get("visibility") != "PRIVATE" or bool(self.settings.mcp.get("allow_private", False))
+        return meta.get("visibility") != "PRIVATE" or self.agents_see_private
 
     def close(self) -> None:
         if self._search_index is not None:

@@ -164,7 +164,7 @@ class BrainTools:
             "sources": status["sources"],
             "channels": status["channels"],
             "embedding_model": status["embedding_model"],
-            "private_memos_visible": bool(self.brain.settings.mcp.get("allow_private", False)),
+            "private_memos_visible": self.brain.agents_see_private,
             "capture_enabled": self.brain.capture_enabled,
         }
 
@@ -184,7 +184,7 @@ class BrainTools:
         Only save what the user asked to keep (a decision, a summary, a link); never overwrites anything.
         """
         saved = self.brain.capture(text, title, tags)
-        if saved.get("visibility") == "PRIVATE" and not self.brain.settings.mcp.get("allow_private", False):
+        if saved.get("visibility") == "PRIVATE" and not self.brain.agents_see_private:
             saved["hidden_from_agents"] = True  # saved and indexed, but [mcp] allow_private keeps it from search_notes
         return saved
 

@@ -168,7 +168,8 @@ def test_a_passage_is_cut_on_markdown_structure_and_names_its_section():
 
 def test_code_blocks_stay_whole_or_keep_their_fences_and_are_never_bolded():
     note = "# Docker\n\n清理镜像:\n\n```bash\ndocker image prune -a\ndocker system df\n```\n"
-    assert passage(note, ["docker", "镜像"])[1] == "清理**镜像**:\n\n```bash\ndocker image prune -a\ndocker system df\n```"
+    expected = "清理**镜像**:\n\n```bash\ndocker image prune -a\ndocker system df\n```"
+    assert passage(note, ["docker", "镜像"])[1] == expected
     long = "```python\n" + "".join(f"print({n})  # docker\n" for n in range(100)) + "```"
     text = passage(long, ["docker"])[1]
     lines = text.splitlines()
