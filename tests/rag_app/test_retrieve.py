@@ -168,7 +168,8 @@ def test_result_shape_and_citation_fields(sample_brain):
 def test_filters_by_tag_source_path_and_dates(sample_brain):
     assert set(top(sample_brain, "笔记", 10, tags=("电影",))) == {"生活/电影清单.md"}
     assert all(p.startswith("work/") for p in top(sample_brain, "notes", 10, path_prefix="work/"))
-    assert top(sample_brain, "notes", 5, sources=("nope",)) == []
+    with pytest.raises(SearchError, match="unknown source 'nope'; known: memos, sample_vault, vault"):
+        top(sample_brain, "notes", 5, sources=("nope",))
     dated = sample_brain.search("日记", 10, since="2024-05-01", until="2024-05-31").results
     assert dated and all(r["created"][:7] == "2024-05" for r in dated)
 
