@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 from rag_app.capture import CaptureError
 from rag_app.chunking import CHUNKER_VERSION, chunker_id
 from rag_app.config import (
-    FAST_EMBEDDING,
     ConfigError,
     Settings,
     SourceSpec,
@@ -191,8 +190,8 @@ class Brain:
         """The open search index of this home (kept for the life of this Brain: warm searches skip start-up).
 
         While a sync fills in vectors, a dense model that has not reached every note is left out of fusion (it would
-        push the notes it has not reached down): the index opens with the models that are complete, so retrieval runs
-        in fast mode (BM25 leading, USE-m3 gated) until the default model is complete too."""
+        push the notes it has not reached down): BM25 alone until USE-m3 is complete, then the fast mode (BM25
+        leading, USE-m3 gated) until the default model is complete too (see `_searchable_settings`)."""
         models = self._complete_models()
         if self._search_index is None or self._search_models != models:
             from rag_app.retrieve import SearchIndex
@@ -220,13 +219,11 @@ class Brain:
                 manifest.close()
 
     def _searchable_settings(self, complete: tuple[str, ...]) -> Settings:
-        if list(complete) == self.settings.models:
+        """The settings a search runs with: all models once complete; during a fill, the complete ones only (USE-m3
+        alone means the fast mode's weights, tuned for it). With none complete, hybrid search is BM25 alone."""
+        if not complete or list(complete) == self.settings.models:
             return self.settings
-        if complete:
-            return replace(self.settings, embedding_model=complete[0], second_model="")
-        if FAST_EMBEDDING in self.settings.models:  # nothing complete: USE-m3 gated behind BM25, over what it has
-            return replace(self.settings, embedding_model=FAST_EMBEDDING, second_model="")
-        return self.settings
+        return replace(self.settings, embedding_model=complete[0], second_model="")
 
     def llm(self) -> Any | None:
         if self._llm is None:
@@ -264,7 +261,10 @@ class Brain:
         llm = self.llm() if expand and not variants else None
         freshness = self.refresh_if_stale() if self.auto_refresh else None
         with self._lock:
-            response = search(self.searcher(), query, k, filters, mode=mode, variants=variants, llm=llm)
+            index = self.searcher()
+            if mode == "hybrid" and not self._search_models:
+                mode = "bm25"  # no dense model has reached every note yet: BM25 alone, which covers them all
+            response = search(index, query, k, filters, mode=mode, variants=variants, llm=llm)
         filling = [m for m in self.settings.models if m not in self._search_models]
         if filling:
             response.coverage["filling_vectors"] = filling  # searched without them: BM25 covers every note

@@ -367,3 +367,38 @@ def test_memos_paging_over_a_thousand_memos(home, monkeypatch):
     assert report.sources[0].added == 1205
     assert len(pages) == 2
     assert Brain(home).status()["notes"] == 1205
+
+
+def test_search_during_the_fill_uses_only_complete_channels(home, make_vault, monkeypatch):
+    """BM25 alone before any dense model is complete, then BM25 + USE-m3 (fast mode) until e5 is complete too."""
+    import rag_app.sync as sync_module
+    from rag_app.sync import StopRequested
+
+    vault = make_vault(NOTES)
+    (home / "config.toml").write_text('[embedding]\nmodel = "e5-small"\n', encoding="utf-8")
+    for name in ("FIRST_FILL_BATCH", "MIN_FILL_BATCH", "MAX_FILL_BATCH"):
+        monkeypatch.setattr(sync_module, name, 1)
+    stop = StopRequested()
+    Brain(home).sync(vaults=(str(vault),), stop=stop, on_searchable=stop.set)
+    before_any = Brain(home).search("ERR_CONN_RESET_4471")
+    assert set(before_any.coverage["channels"]) == {"bm25"}
+    assert before_any.coverage["filling_vectors"] == ["e5-small", "use-m3"]
+    assert before_any.results[0]["note_id"] == "vault:notes/work/incident.md"
+
+    original = sync_module.Manifest.add_model
+    stop = StopRequested()
+
+    def stop_after_first_e5_batch(self, note_ids, model):
+        original(self, note_ids, model)
+        if model == "e5-small":
+            stop.set()
+
+    monkeypatch.setattr(sync_module.Manifest, "add_model", stop_after_first_e5_batch)
+    Brain(home).sync(vaults=(str(vault),), stop=stop)
+    during = Brain(home).search("想看的电影")
+    assert during.coverage["filling_vectors"] == ["e5-small"]
+    assert set(during.coverage["channels"]) == {"bm25", "vector"}  # USE-m3 as the only dense channel: fast mode
+    monkeypatch.setattr(sync_module.Manifest, "add_model", original)
+    Brain(home).sync(vaults=(str(vault),))
+    after = Brain(home).search("想看的电影")
+    assert "filling_vectors" not in after.coverage and set(after.coverage["channels"]) == {"bm25", "vector", "vector2"}
