@@ -75,6 +75,11 @@ class Brain:
         return self.settings.home
 
     @property
+    def obsidian_links(self) -> bool:
+        """[serve] obsidian: whether the page links vault notes into Obsidian."""
+        return bool(self.settings.serve["obsidian"])
+
+    @property
     def agents_see_private(self) -> bool:
         """[mcp] allow_private: whether agents (MCP, tools) may see PRIVATE memos."""
         return bool(self.settings.mcp["allow_private"])

@@ -561,7 +561,7 @@ class ChatPage:
 
     def __init__(self, brain: Brain, obsidian: bool | None = None):
         self.brain = brain
-        self.obsidian = bool(brain.settings.serve.get("obsidian", False)) if obsidian is None else obsidian
+        self.obsidian = brain.obsidian_links if obsidian is None else obsidian
         # One worker runs engine calls: answers stream from it while the page yields; a sync never overlaps a question.
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="brain")
         self._closed = False

@@ -8,6 +8,7 @@ constant and weights from the config, and can weight each channel by how confide
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import hashlib
 import json
@@ -397,6 +398,15 @@ class NoteFusionRetriever(QueryFusionRetriever):
     keyword list built on one common word does not outvote a confident vector match. The second dense channel
     (USE-m3: weak on plain lookups, strong on paraphrase and cross-language) gets a say that grows as BM25 coverage
     falls: words that match lexically are left to BM25 and e5; meaning-only queries lean on USE as well.
+
+    What it keeps of QueryFusionRetriever: the shape of a retrieval (the question plus LLM-written variants, each
+    run through every channel, then fused and cut to `similarity_top_k`), the variant prompt and the retriever list.
+    What it replaces, and why: `_get_queries` (the user's own variants; a tolerant parser; no LLM, no variants),
+    `_run_sync_queries` (the gate that skips the second dense channel when it could not matter),
+    `_reciprocal_rerank_fusion` (keyed on chunk ids, not text, so identical text in two notes keeps both citations;
+    per-query adaptive weights in `fuse_query`), and `_aretrieve` (the same synchronous path on a worker thread: the
+    parent's async path would skip the gate and call the LLM synchronously inside the event loop). `names[i]` is the
+    channel of `_retrievers[i]`.
     """
 
     def __init__(self, retrievers: list[BaseRetriever], names: list[str], config: RetrievalConfig,
@@ -420,6 +430,9 @@ class NoteFusionRetriever(QueryFusionRetriever):
         self.channel_hits: dict[str, int] = {n: 0 for n in names}
         self.channel_weights: dict[str, list[float]] = {n: [] for n in names}
         self.channel_skipped: dict[str, int] = {n: 0 for n in names}
+
+    async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        return await asyncio.to_thread(self._retrieve, query_bundle)
 
     def _run_sync_queries(self, queries: list[QueryBundle]) -> dict[tuple[str, int], list[NodeWithScore]]:
         """As QueryFusionRetriever's, except that the gated channel (run last) is not run when, even at its highest

@@ -422,7 +422,7 @@ def _namespace_memo_ids(settings: Settings, manifest: Manifest) -> None:
         from rag_app.store import collection_name, open_chroma, rename_chunks
 
         client = open_chroma(settings)
-        for model in {m for e in entries.values() for m in e.model.split("+")}:
+        for model in {m for e in entries.values() for m in e.models}:
             try:
                 collection = client.get_collection(collection_name(model))
             except Exception:  # no collection of this model (nothing was embedded with it)

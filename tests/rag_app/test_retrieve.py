@@ -329,3 +329,23 @@ def test_a_bm25_top_hit_covering_the_query_far_above_the_rest_keeps_its_lead():
     # a top hit that misses a content word does not keep its lead, however far above it stands
     table["answer"] = {"梵语", "语法"}
     assert first(clear_lead) == "other-0"
+
+
+def test_the_async_path_runs_the_same_gated_fusion(sample_brain):
+    """LlamaIndex callers may `aretrieve`: it must apply the same gate and fusion as `retrieve`, not the parent's."""
+    import asyncio
+
+    from rag_app.retrieve import KeywordRetriever, NoteFusionRetriever, VectorRetriever
+
+    index = sample_brain.searcher()
+    models = index.settings.models
+
+    def fusion() -> NoteFusionRetriever:
+        channels = [("bm25", KeywordRetriever(index, 50, None)), ("vector", VectorRetriever(index, 50, None)),
+                    ("vector2", VectorRetriever(index, 50, None, models[1]))]
+        return NoteFusionRetriever([r for _, r in channels], [n for n, _ in channels], index.config)
+
+    sync_run, async_run = fusion(), fusion()
+    expected = [(n.node.node_id, round(n.score, 9)) for n in sync_run.retrieve("ERR_CONN_RESET_4471")]
+    got = [(n.node.node_id, round(n.score, 9)) for n in asyncio.run(async_run.aretrieve("ERR_CONN_RESET_4471"))]
+    assert got == expected and async_run.channel_skipped["vector2"] == sync_run.channel_skipped["vector2"] == 1
