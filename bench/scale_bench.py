@@ -11,7 +11,12 @@ about 4 chunks per note), then prints:
   endpoint), unless --no-serve.
 Goals: warm p95 ≤ 150 ms, RSS ≤ 1 GB. `--profile` adds a cProfile of the warm searches (top functions by own time).
 
-usage: python bench/scale_bench.py [--notes 25000] [--out /tmp/brain-scale] [--skip-sync] [--profile] [--no-serve]
+On a busy machine the first sync's vector fill can take hours: `--fill-seconds S` stops it with SIGTERM after S seconds
+of fill (BM25 covers every chunk by then) and measures that index; `--skip-sync` measures an existing home again (after
+a later `brain sync` resumed the fill, say).
+
+usage: python bench/scale_bench.py [--notes 25000] [--out /tmp/brain-scale] [--fill-seconds S] [--skip-sync]
+                                   [--profile] [--no-serve]
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import socket
 import statistics
 import subprocess
@@ -33,7 +39,9 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from latency_bench import percentile  # noqa: E402
+from sync_bench import raw_encode_rate  # noqa: E402
 
+from rag_app.engine import Brain  # noqa: E402
 from tests.doubles.memos_server import _EN, _TAGS, _ZH  # noqa: E402
 
 BRAIN = str(Path(sys.executable).parent / "brain")
@@ -145,11 +153,12 @@ def measure(home: Path, count: int, profile: bool) -> None:
 
         profiler = cProfile.Profile()
         profiler.enable()
-    walls, embed, ours, results = [], [], [], 0
+    walls, cpu, embed, ours, results = [], [], [], [], 0
     for query in queries:
-        began = time.perf_counter()
+        began, began_cpu = time.perf_counter(), time.process_time()
         response = brain.search(query, 10, expand=False)
         walls.append((time.perf_counter() - began) * 1000)
+        cpu.append((time.process_time() - began_cpu) * 1000)
         embed.append(response.timing.get("embed_ms", 0.0))
         ours.append(response.timing.get("ours_ms", 0.0))
         results += bool(response.results)
@@ -164,8 +173,57 @@ def measure(home: Path, count: int, profile: bool) -> None:
     for query in queries:
         brain.ask(query, 6)
     current, peak = rss_mb()
-    print(json.dumps({"walls": walls, "embed": embed, "ours": ours, "with_results": results,
+    print(json.dumps({"walls": walls, "cpu": cpu, "embed": embed, "ours": ours, "with_results": results,
                       "rss_after_search": after_search, "rss_after_ask": current, "rss_peak": peak}), flush=True)
+
+
+def vector_rss(count: int, dim: int = 512) -> None:
+    """RSS that `count` vectors cost in Chroma as the app configures it (cosine HNSW, ef_search 400), without a model:
+    random unit vectors in a scratch store, then opened and queried by a fresh reader process."""
+    import tempfile
+
+    import chromadb
+    import numpy as np
+    from chromadb.config import Settings as ChromaSettings
+
+    from rag_app.store import SEARCH_EF
+
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory(prefix="vector-rss-") as path:
+        client = chromadb.PersistentClient(path=path, settings=ChromaSettings(anonymized_telemetry=False))
+        collection = client.create_collection("vectors", metadata={"hnsw:space": "cosine"})
+        collection.modify(configuration={"hnsw": {"ef_search": SEARCH_EF}})
+        began = time.perf_counter()
+        for start in range(0, count, 5000):
+            rows = rng.standard_normal((min(5000, count - start), dim)).astype(np.float32)
+            rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+            collection.add(ids=[f"c{start + i}" for i in range(len(rows))], embeddings=rows,
+                           metadatas=[{"note_id": f"n{(start + i) // 4}"} for i in range(len(rows))])
+        print(f"Chroma alone: {count} × {dim} random vectors added in {time.perf_counter() - began:.0f} s")
+        reader = subprocess.run([sys.executable, __file__, "--vector-read", path], capture_output=True, text=True)
+        print(reader.stdout.strip() or reader.stderr.strip()[-500:])
+
+
+def vector_read(path: str, dim: int = 512, queries: int = 100) -> None:
+    """A fresh process: open the scratch store, query it, print its RSS."""
+    import chromadb
+    import numpy as np
+    from chromadb.config import Settings as ChromaSettings
+
+    before = rss_mb()[0]
+    client = chromadb.PersistentClient(path=path, settings=ChromaSettings(anonymized_telemetry=False))
+    collection = client.get_collection("vectors")
+    opened = rss_mb()[0]
+    rng = np.random.default_rng(1)
+    walls = []
+    for _ in range(queries):
+        query = rng.standard_normal(dim).astype(np.float32)
+        began = time.perf_counter()
+        collection.query(query_embeddings=[(query / np.linalg.norm(query)).tolist()], n_results=40)
+        walls.append((time.perf_counter() - began) * 1000)
+    print(f"reader process RSS: {before:.0f} MB with chromadb imported, {opened:.0f} MB opened, {rss_mb()[0]:.0f} MB "
+          f"after {queries} queries (+{rss_mb()[0] - before:.0f} MB); query p50 {statistics.median(walls):.1f} ms, "
+          f"p95 {percentile(walls, 0.95):.1f} ms")
 
 
 def free_port() -> int:
@@ -202,6 +260,36 @@ def serve_rss(home: Path, count: int) -> None:
         server.wait(timeout=60)
 
 
+def first_sync(home: Path, sources: list[str], fill_seconds: float | None) -> None:
+    """A whole `brain sync` process; with `fill_seconds`, stopped by SIGTERM after that long filling vectors."""
+    began = time.perf_counter()
+    with open(home.parent / "sync.stdout", "w") as out, open(home.parent / "sync.stderr", "w") as err:
+        sync = subprocess.Popen([BRAIN, "--home", str(home), "sync", *sources, "--json", "--no-progress"],
+                                stdout=out, stderr=err, cwd=REPO)
+    brain, filling_since, stopped = Brain(home), None, None
+    while sync.poll() is None:
+        time.sleep(2)
+        if fill_seconds is None or not (home / "index.sqlite").exists():
+            continue
+        channels = brain.status()["channels"]
+        if filling_since is None and channels.get("bm25", {}).get("complete") and channels["bm25"]["chunks"]:
+            filling_since = time.perf_counter()
+            print(f"BM25 complete ({channels['bm25']['chunks']} chunks) {filling_since - began:.0f} s after start")
+        if filling_since is not None and time.perf_counter() - filling_since > fill_seconds:
+            sync.send_signal(signal.SIGTERM)
+            stopped = time.perf_counter()
+            sync.wait()
+            print(f"stopped by SIGTERM after {fill_seconds:.0f} s of vector fill: exit {sync.returncode} in "
+                  f"{time.perf_counter() - stopped:.1f} s")
+    wall = (stopped or time.perf_counter()) - began
+    if sync.returncode not in (0, 130):
+        sys.exit(f"brain sync failed ({sync.returncode}): {(home.parent / 'sync.stderr').read_text()[-500:]}")
+    report = json.loads((home.parent / "sync.stdout").read_text())
+    chunks, vectors = report["embedded_chunks"], sum(report["vectors"].values())
+    print(f"first sync{' (stopped)' if stopped else ''}: {wall:.0f} s wall, {chunks} chunks written, {vectors} vectors "
+          f"({vectors / max(wall, 1e-3):.1f}/s overall), {sum(s['added'] for s in report['sources'])} notes")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--notes", type=int, default=25_000)
@@ -211,10 +299,22 @@ def main() -> None:
     parser.add_argument("--skip-sync", action="store_true", help="measure an existing home under --out")
     parser.add_argument("--profile", action="store_true", help="cProfile the warm searches (to stderr)")
     parser.add_argument("--no-serve", action="store_true", help="skip the `brain serve` RSS")
+    parser.add_argument("--fill-seconds", type=float, default=None,
+                        help="stop the first sync (SIGTERM) after this long filling vectors; measure what is there")
+    parser.add_argument("--sample", type=int, default=300, help="chunks for the raw encode rate")
+    parser.add_argument("--vector-rss", type=int, metavar="N",
+                        help="only: the RSS N random vectors cost in Chroma (the part a partial fill leaves out)")
+    parser.add_argument("--vector-read", help=argparse.SUPPRESS)  # the reader process of --vector-rss
     parser.add_argument("--measure", type=Path, help=argparse.SUPPRESS)  # the child process of the warm phase
     args = parser.parse_args()
     if args.measure:
         measure(args.measure, args.queries, args.profile)
+        return
+    if args.vector_read:
+        vector_read(args.vector_read)
+        return
+    if args.vector_rss:
+        vector_rss(args.vector_rss)
         return
     home, vault = args.out / "home", args.out / f"vault-{args.notes}x{args.sections}"
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} (other work slows every figure)")
@@ -225,16 +325,14 @@ def main() -> None:
             print(f"vault: {args.notes} notes written in {time.perf_counter() - began:.0f} s ({vault})")
         home.mkdir(parents=True, exist_ok=True)
         (home / "config.toml").write_text('[embedding]\nmodel = "use-m3"\nsecond_model = ""\n', encoding="utf-8")
-        began = time.perf_counter()
-        done = subprocess.run([BRAIN, "--home", str(home), "sync", "--vault", str(vault), "--json", "--no-progress"],
-                              capture_output=True, text=True, cwd=REPO)
-        wall = time.perf_counter() - began
-        if done.returncode != 0:
-            sys.exit(f"brain sync failed ({done.returncode}): {done.stderr.strip()[-500:]}")
-        report = json.loads(done.stdout)
-        chunks = report["embedded_chunks"]
-        print(f"first sync: {wall:.0f} s wall, {chunks} chunks ({chunks / wall:.0f} chunks/s), vectors "
-              f"{report['vectors']}, {sum(s['added'] for s in report['sources'])} notes")
+        first_sync(home, ["--vault", str(vault)], args.fill_seconds)
+    channels = Brain(home).status()["channels"]
+    print("index measured: " + ", ".join(f"{name} {c['chunks']} chunks{'' if c['complete'] else ' (partial)'}"
+                                         for name, c in channels.items()))
+    if not args.skip_sync:
+        rate, sampled = raw_encode_rate(home, "use-m3", args.sample)
+        print(f"raw encode use-m3 ({sampled} of the same chunk texts, batches of 10, this process alone): "
+              f"{rate:.1f} chunks/s")
     child = subprocess.run([sys.executable, __file__, "--measure", str(home), "--queries", str(args.queries)]
                            + (["--profile"] if args.profile else []), capture_output=True, text=True, cwd=REPO)
     if child.returncode != 0:
@@ -249,7 +347,8 @@ def main() -> None:
     print(f"warm search, {len(walls)} varied queries (hybrid, k=10, {warm['with_results']} with results): "
           f"p50 {statistics.median(walls):.0f} ms, p95 {percentile(walls, 0.95):.0f} ms, max {max(walls):.0f} ms; "
           f"embed p50 {statistics.median(warm['embed']):.0f} ms, ours p50 {statistics.median(warm['ours']):.0f} ms, "
-          f"ours p95 {percentile(warm['ours'], 0.95):.0f} ms")
+          f"ours p95 {percentile(warm['ours'], 0.95):.0f} ms; CPU time (all threads) p50 "
+          f"{statistics.median(warm['cpu']):.0f} ms, p95 {percentile(warm['cpu'], 0.95):.0f} ms")
     print(f"RSS of that process: {warm['rss_after_search']:.0f} MB after {len(walls)} searches, "
           f"{warm['rss_after_ask']:.0f} MB after {len(walls)} asks too (peak {warm['rss_peak']:.0f} MB)")
     cold = []
