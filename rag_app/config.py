@@ -247,6 +247,10 @@ class Settings:
         return self.home / "chroma"
 
     @property
+    def bm25_path(self) -> Path:
+        return self.home / "bm25"
+
+    @property
     def log_path(self) -> Path:
         return self.home / "brain.log"
 

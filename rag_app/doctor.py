@@ -8,7 +8,6 @@ delete/re-add cycles grow Chroma's HNSW files (chroma-core/chroma#2594) and a de
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import shutil
@@ -18,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from rag_app.config import Settings
+from rag_app.keyword_store import keyword_stamp, refresh_keyword_index, saved_keyword_ids
 from rag_app.manifest import Manifest
 from rag_app.store import COLLECTION_PREFIX, collection_ids, collection_name, exact_enough, open_chroma
-from rag_app.sync import SyncLock, keyword_stamp, reembed_stored, refresh_keyword_index
+from rag_app.sync import SyncLock, reembed_stored
 from readers.records import NoteRecord
 
 log = logging.getLogger("cflow_brain.doctor")
@@ -82,7 +82,7 @@ def inspect(settings: Settings, manifest: Manifest, client: Any) -> Findings:
     orphans = {name: sorted(ids - expected.get(name, set())) for name, ids in present.items()}
     missing = sorted(c for name, ids in expected.items() for c in ids - present.get(name, set()))
     rows = {chunk_id for chunk_id, _, _ in manifest.note_attributes()}
-    saved_stamp, bm25_ids = _saved_bm25(settings.home / "bm25")
+    saved_stamp, bm25_ids = saved_keyword_ids(settings)
     stamp = keyword_stamp(manifest)
     problems = {
         "orphan_vectors": sorted(c for ids in orphans.values() for c in ids),
@@ -205,14 +205,6 @@ def _recover_swap(client: Any) -> None:
 def _collections(client: Any) -> list[Any]:
     return [c for c in client.list_collections()
             if c.name.startswith(COLLECTION_PREFIX) and not c.name.endswith((OLD_SUFFIX, NEW_SUFFIX))]
-
-
-def _saved_bm25(directory: Path) -> tuple[str | None, set[str]]:
-    try:
-        meta = json.loads((directory / "ids.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None, set()
-    return meta.get("stamp"), set(meta.get("ids") or [])
 
 
 def _disk_bytes(settings: Settings) -> int | None:

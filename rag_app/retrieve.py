@@ -27,6 +27,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
 from rag_app.config import Settings
 from rag_app.keyword import KeywordIndex, is_question_word, to_simplified, tokenize
+from rag_app.keyword_store import keyword_stamp, open_keyword_index
 from rag_app.manifest import Manifest
 from rag_app.query import RetrievalConfig, SearchError, SearchFilters, clean_query, parse_variants
 from rag_app.time_phrases import extract_time_range
@@ -67,18 +68,13 @@ class SearchIndex:
 
     @property
     def stamp(self) -> str:
-        from rag_app.sync import keyword_stamp
-
         return keyword_stamp(self.manifest)
 
     def keyword(self) -> KeywordIndex:
         """The saved BM25 index when current; otherwise rebuilt in memory from cached tokens (a sync is running)."""
         stamp = self.stamp
         if self._keyword is None or self._keyword_stamp != stamp:
-            from rag_app.sync import load_keyword_rows
-
-            loaded = KeywordIndex.load(self.settings.home / "bm25", stamp)
-            self._keyword = loaded or KeywordIndex.build(load_keyword_rows(self.manifest))
+            self._keyword = open_keyword_index(self.settings, self.manifest)
             self._keyword_stamp = stamp
         return self._keyword
 

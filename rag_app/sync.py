@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 from rag_app.chunking import chunker_id
 from rag_app.config import FAST_EMBEDDING, ConfigError, Settings, SourceSpec
 from rag_app.keyword import TOKENIZER_VERSION, chunk_index_text, tokenize
+from rag_app.keyword_store import keyword_progress, refresh_keyword_index
 from rag_app.manifest import Manifest, Plan, make_plan
 from readers.records import NoteRecord, SourceListing, decode_list, encode_list
 
@@ -464,34 +465,11 @@ def _remap_memo_ids(meta: dict[str, Any], source: str) -> dict[str, Any]:
     return out
 
 
-def keyword_stamp(manifest: Manifest) -> str:
-    return f"{manifest.generation()}/{TOKENIZER_VERSION}"
-
-
-def refresh_keyword_index(settings: Settings, manifest: Manifest, force: bool = False) -> bool:
-    """Rebuild and save the BM25 index when chunks changed since it was saved, or when `force`d. True if rebuilt.
-    The caller holds the SyncLock (it may rewrite cached tokens)."""
-    from rag_app.keyword import KeywordIndex
-
-    stamp = keyword_stamp(manifest)
-    directory = settings.home / "bm25"
-    current_tokens = manifest.get_meta("tokenizer_version") == TOKENIZER_VERSION
-    if not force and current_tokens and (directory / "ids.json").exists() and _saved_stamp(directory) == stamp:
-        return False
-    index = KeywordIndex.build(load_keyword_rows(manifest, persist=True))
-    index.save(directory, stamp)
-    manifest.set_meta("bm25_saved", json.dumps({"stamp": stamp, "chunks": len(index.ids)}))
-    return True
-
-
 def channel_progress(settings: Settings, manifest: Manifest) -> dict[str, dict[str, Any]]:
     """How far each search channel has come: chunks it covers, complete or not, and (dense models) time left at the
     rate the last fill measured."""
     total, per_model = manifest.channel_counts()
-    saved = json.loads(manifest.get_meta("bm25_saved") or "{}")
-    bm25_current = saved.get("stamp") == keyword_stamp(manifest) and (settings.home / "bm25").exists()
-    channels: dict[str, dict[str, Any]] = {"bm25": {"chunks": total if bm25_current else int(saved.get("chunks", 0)),
-                                                    "complete": bool(bm25_current)}}
+    channels: dict[str, dict[str, Any]] = {"bm25": keyword_progress(settings, manifest, total)}
     for model in fill_order(settings.models):
         done = per_model.get(model, 0)
         rate = float(manifest.get_meta(f"fill_rate:{model}") or 0)
@@ -515,35 +493,6 @@ def reembed_stored(
     applier.fill()
     applier.finish()
     return report
-
-
-def _saved_stamp(directory: Path) -> str | None:
-    try:
-        return json.loads((directory / "ids.json").read_text(encoding="utf-8")).get("stamp")
-    except (OSError, ValueError):
-        return None
-
-
-def load_keyword_rows(manifest: Manifest, persist: bool = False) -> list[tuple[str, list[str]]]:
-    """Cached tokens of every chunk.
-
-    Only a writer holding the sync lock (`persist`) re-tokenizes chunks cached by an older tokenizer and saves the
-    tokens: a search process must never write them, or a sync editing a note meanwhile could get the old text's
-    tokens saved over the new. A reader uses the cached tokens as they are and tokenizes chunks that have none in
-    memory only.
-    """
-    stale = persist and manifest.get_meta("tokenizer_version") != TOKENIZER_VERSION
-    rows, fresh = [], []
-    for chunk_id, tokens, text, metadata in manifest.chunk_tokens():
-        if tokens is None or stale:
-            tokens = " ".join(tokenize(chunk_index_text(text, json.loads(metadata))))
-            fresh.append((chunk_id, tokens))
-        rows.append((chunk_id, tokens.split()))
-    if persist and (fresh or stale):
-        with manifest.transaction():
-            manifest.set_tokens(fresh)
-            manifest.set_meta("tokenizer_version", TOKENIZER_VERSION)
-    return rows
 
 
 def _chunk_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
