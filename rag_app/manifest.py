@@ -164,6 +164,9 @@ class Manifest:
         columns = {row[1] for row in self.db.execute("PRAGMA table_info(chunks)")}
         if "tokens" not in columns:
             self.db.execute("ALTER TABLE chunks ADD COLUMN tokens TEXT")
+        if "embed_hash" not in columns:  # older homes: their chunks get it when next chunked
+            self.db.execute("ALTER TABLE chunks ADD COLUMN embed_hash TEXT")
+        self.db.execute("CREATE INDEX IF NOT EXISTS chunks_embed_hash ON chunks(embed_hash)")
 
     def close(self) -> None:
         self.db.close()
@@ -280,13 +283,30 @@ class Manifest:
             self.db.execute(f"DELETE FROM note_docs WHERE note_id IN ({marks})", batch)
             self.db.execute(f"DELETE FROM chunks WHERE note_id IN ({marks})", batch)
 
-    def put_chunks(self, rows: list[tuple[str, str, str, str, dict[str, Any], list[str]]]) -> None:
-        """Rows of (chunk_id, note_id, source, text, metadata, keyword tokens); old chunks must be deleted first."""
+    def put_chunks(self, rows: list[tuple[str, str, str, str, dict[str, Any], list[str], str]]) -> None:
+        """Rows of (chunk_id, note_id, source, text, metadata, keyword tokens, hash of the text a model embeds); old
+        chunks must be deleted first."""
         self.db.executemany(
-            "INSERT OR REPLACE INTO chunks VALUES (?, ?, ?, ?, ?, ?)",
-            [(c, n, s, t, json.dumps(m, ensure_ascii=False), " ".join(k)) for c, n, s, t, m, k in rows],
+            "INSERT OR REPLACE INTO chunks (chunk_id, note_id, source, text, metadata, tokens, embed_hash) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [(c, n, s, t, json.dumps(m, ensure_ascii=False), " ".join(k), h) for c, n, s, t, m, k, h in rows],
         )
         self.bump_generation()
+
+    def embedded_copies(self, chunk_ids: list[str], model: str) -> dict[str, str]:
+        """chunk id → another chunk with the very same text to embed whose note already has `model`'s vectors: the
+        same text anywhere in the home (a note copied into a second vault, a memo archived into a vault) is embedded
+        once."""
+        out: dict[str, str] = {}
+        for batch, marks in _in_batches(chunk_ids):
+            rows = self.db.execute(
+                "SELECT mine.chunk_id, other.chunk_id FROM chunks mine "
+                "JOIN chunks other ON other.embed_hash = mine.embed_hash AND other.chunk_id != mine.chunk_id "
+                "JOIN notes n ON n.note_id = other.note_id AND instr('+' || n.model || '+', ?) > 0 "
+                f"WHERE mine.chunk_id IN ({marks}) AND mine.embed_hash IS NOT NULL", [f"+{model}+", *batch])
+            for mine, other in rows:
+                out.setdefault(mine, other)
+        return out
 
     def bump_generation(self) -> None:
         """Count chunk changes, so readers can tell whether a saved keyword index is current."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -62,6 +63,11 @@ def embedding_pipeline(embed_model: Any, vector_store: Any) -> IngestionPipeline
 
     No docstore: the manifest decides what needs embedding, per note and model."""
     return IngestionPipeline(transformations=[embed_model], vector_store=vector_store, disable_cache=True)
+
+
+def embed_hash(node: BaseNode) -> str:
+    """The hash of exactly what a model embeds of a chunk (title, heading, text): equal hashes, equal vectors."""
+    return hashlib.sha256(node.get_content(metadata_mode=MetadataMode.EMBED).encode("utf-8")).hexdigest()
 
 
 def nodes_from_rows(rows: list[tuple[str, str, str, dict[str, Any]]]) -> list[TextNode]:

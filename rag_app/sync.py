@@ -78,6 +78,7 @@ class SyncReport:
     embedded_chunks: int = 0
     deleted_chunks: int = 0
     vectors: dict[str, int] = field(default_factory=dict)
+    reused_vectors: int = 0  # of those, copied from identical text elsewhere in the home instead of embedded
     model_loaded: bool = False
     interrupted: bool = False
     fill_error: str | None = None
@@ -278,6 +279,8 @@ class _Applier:
 
     def write_chunks(self, source: str, records: list[NoteRecord]) -> None:
         """Chunk notes through an IngestionPipeline (chunker only) and commit chunk rows and tokens per batch."""
+        from rag_app.pipeline import embed_hash
+
         if self._chunker is None:
             from rag_app.pipeline import chunking_pipeline
 
@@ -301,8 +304,8 @@ class _Applier:
                 self.manifest.delete_chunks_of(ids)
                 for record in batch:
                     chunk_nodes = by_note[record.id]
-                    rows += [(n.id_, record.id, source, n.text, meta, tokenize(chunk_index_text(n.text, meta)))
-                             for n in chunk_nodes for meta in (_chunk_metadata(n.metadata),)]
+                    rows += [(n.id_, record.id, source, n.text, meta, tokenize(chunk_index_text(n.text, meta)),
+                              embed_hash(n)) for n in chunk_nodes for meta in (_chunk_metadata(n.metadata),)]
                     kept = old[record.id].hash if self.keep_hashes and record.id in old else None
                     self.manifest.put_note(record, source, "", self.chunker_id, [n.id_ for n in chunk_nodes],
                                            content_hash=kept)
@@ -357,7 +360,13 @@ class _Applier:
             batch_started = time.monotonic()
             index.forget(batch)  # vectors a crashed run added but never recorded
             nodes = nodes_from_rows(self.manifest.chunks_for_notes(batch))
-            pipeline.run(nodes=nodes)
+            reused = self._reuse_vectors(nodes, model, index)
+            fresh = [n for n in nodes if n.embedding is None]
+            if fresh:
+                pipeline.run(nodes=fresh)
+            if reused:
+                index.vector_store().add(reused)
+                self.report.reused_vectors += len(reused)
             with self.manifest.transaction():
                 self.manifest.add_model(batch, model)
             done += len(nodes)
@@ -368,6 +377,21 @@ class _Applier:
         if done:
             self.manifest.set_meta(f"fill_rate:{model}", f"{done / max(time.monotonic() - started, 1e-3):.3f}")
         self.progress.close()
+
+    def _reuse_vectors(self, nodes: list[Any], model: str, index: Any) -> list[Any]:
+        """Nodes whose very text is already embedded elsewhere in the home get that vector instead of a new one."""
+        copies = self.manifest.embedded_copies([n.id_ for n in nodes], model)
+        if not copies:
+            return []
+        got = index.collection.get(ids=sorted(set(copies.values())), include=["embeddings"])
+        vectors = dict(zip(got["ids"], got["embeddings"], strict=True))
+        reused = []
+        for node in nodes:
+            vector = vectors.get(copies.get(node.id_, ""))
+            if vector is not None:
+                node.embedding = [float(x) for x in vector]
+                reused.append(node)
+        return reused
 
     def finish(self) -> None:
         """Once every note has every configured model's vectors, drop the other models' collections (a model switch

@@ -68,8 +68,8 @@ def test_every_kind_of_disagreement_is_found_and_repair_reembeds_only_broken_not
     col.add(ids=["vault:vault/ghost.md:chunk:0"], embeddings=[np.ones(512).tolist()],
             metadatas=[{"document_id": "vault:vault/ghost.md"}], documents=["ghost"])
     sql(home, "DELETE FROM chunks WHERE chunk_id = ?", broken[b][0])  # b: a missing chunk row
-    sql(home, "INSERT INTO chunks VALUES ('vault:vault/gone.md:chunk:0', 'vault:vault/gone.md', 'vault', 'x', '{}', "
-              "'x')")
+    sql(home, "INSERT INTO chunks (chunk_id, note_id, source, text, metadata, tokens) "
+              "VALUES ('vault:vault/gone.md:chunk:0', 'vault:vault/gone.md', 'vault', 'x', '{}', 'x')")
     sql(home, "UPDATE notes SET model = 'e5-small' WHERE note_id = ?", c)  # c: embedded by another model
     e_ids = chunk_ids(home, e)
     col.delete(ids=[e_ids[0]])  # e: a missing vector and no stored text

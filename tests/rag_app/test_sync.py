@@ -402,3 +402,26 @@ def test_search_during_the_fill_uses_only_complete_channels(home, make_vault, mo
     Brain(home).sync(vaults=(str(vault),))
     after = Brain(home).search("想看的电影")
     assert "filling_vectors" not in after.coverage and set(after.coverage["channels"]) == {"bm25", "vector", "vector2"}
+
+
+def test_the_same_text_anywhere_in_the_home_is_embedded_once(home, tmp_path):
+    """A note copied into a second vault gets its vectors from the first copy, and search shows it once."""
+    import numpy as np
+
+    from tests.conftest import write_files
+
+    first = write_files(tmp_path / "first", NOTES)
+    second = write_files(tmp_path / "second", {"copied/movies.md": NOTES["movies.md"], "own.md": "# Own\n\nunique\n"})
+    Brain(home).sync(vaults=(str(first),))
+    report = Brain(home).sync(vaults=(str(second),))
+    copied_chunks = len([c for c in manifest_chunk_ids(home) if c.startswith("vault:second/copied/")])
+    assert report.reused_vectors == copied_chunks >= 1 and report.vectors == {"use-m3": copied_chunks + 1}
+    collection = chromadb.PersistentClient(path=str(home / "chroma")).get_collection(collection_name("use-m3"))
+    got = collection.get(ids=["vault:first/movies.md:chunk:0", "vault:second/copied/movies.md:chunk:0"],
+                         include=["embeddings"])
+    assert np.allclose(got["embeddings"][0], got["embeddings"][1])
+    results = Brain(home).search("花样年华").results
+    movie_hits = [r for r in results if r["note_id"].endswith("movies.md")]
+    assert len(movie_hits) == 1
+    assert {movie_hits[0]["note_id"], *movie_hits[0]["duplicates"]} == {"vault:first/movies.md",
+                                                                         "vault:second/copied/movies.md"}
