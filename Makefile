@@ -31,7 +31,7 @@ test: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q
 
-# Ingests the real vaults in ../shared (skips when absent).
+# Ingests the real vaults in ../shared (skips when absent) and installs the wheel into a fresh venv.
 test-slow: install
 	$(VENV)/bin/pytest -q -m slow -s
 
