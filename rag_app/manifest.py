@@ -348,6 +348,12 @@ class Manifest:
                 out.setdefault(note_id, []).append(text)
         return out
 
+    def note_filter_rows(self) -> list[tuple[str, str]]:
+        """(chunk ids json, metadata json) per note: the note's kept metadata, else its first chunk's."""
+        return self.db.execute(
+            "SELECT n.chunk_ids, COALESCE(d.metadata, (SELECT c.metadata FROM chunks c WHERE c.note_id = n.note_id "
+            "LIMIT 1), '{}') FROM notes n LEFT JOIN note_docs d ON d.note_id = n.note_id").fetchall()
+
     def note_attributes(self) -> list[tuple[str, str, str]]:
         """(chunk_id, note_id, metadata json) of every chunk: what filters look at."""
         return self.db.execute("SELECT chunk_id, note_id, metadata FROM chunks").fetchall()

@@ -43,6 +43,9 @@ class _Timing:
     embed_ms: float = 0.0
 
 
+NODE_CACHE_MAX = 5_000  # nodes kept between searches (~3.5 KB each)
+
+
 class SearchIndex:
     """What a search reads, opened once per process and reused (warm searches pay no start-up)."""
 
@@ -58,8 +61,8 @@ class SearchIndex:
         self._sizes: dict[tuple[str, str], int] = {}
         self._node_cache: dict[str, TextNode] = {}
         self._node_stamp = ""
-        self._attributes: dict[str, tuple[str, dict[str, Any]]] | None = None
-        self._attr_stamp = ""
+        self._facts: list[NoteFacts] | None = None
+        self._facts_stamp = ""
         self._query_vectors: dict[tuple[str, str], list[float]] = {}
         self.timing = _Timing()
 
@@ -114,19 +117,21 @@ class SearchIndex:
             self.timing.embed_ms += (time.perf_counter() - started) * 1000
         return self._query_vectors[key]
 
-    def attributes(self) -> dict[str, tuple[str, dict[str, Any]]]:
-        """chunk id → (note id, metadata), for filters; reloaded when the index changed."""
+    def facts(self) -> list[NoteFacts]:
+        """What filters look at, once per note (not per chunk: 100k chunks' metadata held 350 MB), reloaded when the
+        index changed."""
         stamp = self.stamp
-        if self._attributes is None or self._attr_stamp != stamp:
-            self._attributes = {c: (n, json.loads(m)) for c, n, m in self.manifest.note_attributes()}
-            self._attr_stamp = stamp
-        return self._attributes
+        if self._facts is None or self._facts_stamp != stamp:
+            self._facts = [NoteFacts.of(json.loads(meta), tuple(json.loads(chunk_ids)))
+                           for chunk_ids, meta in self.manifest.note_filter_rows()]
+            self._facts_stamp = stamp
+        return self._facts
 
     def allowed(self, filters: SearchFilters) -> set[str] | None:
         """Chunk ids that pass the filters, or None when no filter is set."""
         if not filters.active:
             return None
-        return {chunk_id for chunk_id, (_, meta) in self.attributes().items() if _passes(meta, filters)}
+        return {chunk_id for note in self.facts() if _passes(note, filters) for chunk_id in note.chunk_ids}
 
     def nearest_notes(self, note_id: str, k: int) -> list[str]:
         """Notes closest in meaning to this one (mean of its chunk vectors), itself excluded."""
@@ -149,12 +154,32 @@ class SearchIndex:
 
     def nodes(self, scored: list[tuple[str, float]]) -> list[NodeWithScore]:
         """Scored chunk ids → nodes; a node is built once per index generation (pydantic models are costly to make)."""
-        if self._node_stamp != self.stamp:
+        if self._node_stamp != self.stamp or len(self._node_cache) > NODE_CACHE_MAX:  # bounded: a page runs for days
             self._node_cache, self._node_stamp = {}, self.stamp
         missing = [c for c, _ in scored if c not in self._node_cache]
         for chunk_id, (_, text, meta) in self.manifest.chunks_by_id(missing).items():
             self._node_cache[chunk_id] = TextNode(id_=chunk_id, text=text, metadata=meta)
         return [NodeWithScore(node=self._node_cache[c], score=score) for c, score in scored if c in self._node_cache]
+
+
+@dataclass(frozen=True, slots=True)
+class NoteFacts:
+    """The few fields of a note that filters test, and its chunks."""
+
+    kind: str
+    private: bool
+    source: str
+    tags: frozenset[str]
+    path: str
+    day: dt.date | None
+    chunk_ids: tuple[str, ...]
+
+    @staticmethod
+    def of(meta: dict[str, Any], chunk_ids: tuple[str, ...]) -> NoteFacts:
+        kind = str(meta.get("kind") or "")
+        return NoteFacts(kind, kind == "memos" and meta.get("visibility") == "PRIVATE", str(meta.get("source") or ""),
+                         frozenset(t.lower() for t in decode_list(meta.get("tags"))), str(meta.get("path") or ""),
+                         _note_date(meta), chunk_ids)
 
 
 def _note_date(meta: dict[str, Any]) -> dt.date | None:
@@ -164,20 +189,19 @@ def _note_date(meta: dict[str, Any]) -> dt.date | None:
     return None
 
 
-def _passes(meta: dict[str, Any], filters: SearchFilters) -> bool:
-    if filters.exclude_private and meta.get("kind") == "memos" and meta.get("visibility") == "PRIVATE":
+def _passes(note: NoteFacts, filters: SearchFilters) -> bool:
+    if filters.exclude_private and note.private:
         return False
-    if filters.sources and meta.get("source") not in filters.sources and meta.get("kind") not in filters.sources:
+    if filters.sources and note.source not in filters.sources and note.kind not in filters.sources:
         return False
     if filters.tags:
-        tags = {t.lower() for t in decode_list(meta.get("tags"))}
         wanted = {t.lower().lstrip("#") for t in filters.tags}
-        if not any(t in tags or any(x.startswith(t + "/") for x in tags) for t in wanted):
+        if not any(t in note.tags or any(x.startswith(t + "/") for x in note.tags) for t in wanted):
             return False
-    if filters.path_prefix and not str(meta.get("path") or "").startswith(filters.path_prefix):
+    if filters.path_prefix and not note.path.startswith(filters.path_prefix):
         return False
     if filters.since or filters.until:
-        day = _note_date(meta)
+        day = note.day
         if day is None or (filters.since and day < filters.since) or (filters.until and day > filters.until):
             return False
     return True

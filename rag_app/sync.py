@@ -367,15 +367,14 @@ class _Applier:
             if reused:
                 index.vector_store().add(reused)
                 self.report.reused_vectors += len(reused)
+            done += len(nodes)
             with self.manifest.transaction():
                 self.manifest.add_model(batch, model)
-            done += len(nodes)
+                self.manifest.set_meta(f"fill_rate:{model}", f"{done / max(time.monotonic() - started, 1e-3):.3f}")
             self.report.vectors[model] = self.report.vectors.get(model, 0) + len(nodes)
             self.progress.advance(len(nodes))
             rate = len(nodes) / max(time.monotonic() - batch_started, 1e-3)
             batch_chunks = max(MIN_FILL_BATCH, min(MAX_FILL_BATCH, int(rate * FILL_BATCH_SECONDS)))
-        if done:
-            self.manifest.set_meta(f"fill_rate:{model}", f"{done / max(time.monotonic() - started, 1e-3):.3f}")
         self.progress.close()
 
     def _reuse_vectors(self, nodes: list[Any], model: str, index: Any) -> list[Any]:
