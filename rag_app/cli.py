@@ -86,7 +86,7 @@ def _print_json(data: Any) -> None:
     click.echo(json.dumps(data, ensure_ascii=False, indent=2))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120})
 @click.version_option(package_name="cflow-brain", prog_name="brain")
 @click.option("--home", envvar="BRAIN_HOME", type=click.Path(file_okay=False), help="State directory [env BRAIN_HOME].")
 @click.option("--store-url", envvar="BRAIN_STORE_URL", help="Chroma server, e.g. http://127.0.0.1:8000.")
@@ -96,7 +96,7 @@ def main(ctx: click.Context, home: str | None, store_url: str | None) -> None:
     ctx.obj = {"home": home, "store_url": store_url}
 
 
-@main.command()
+@main.command(short_help="Index new and changed notes; remove deleted ones.")
 @click.option("--vault", "vaults", multiple=True, type=click.Path(), help="Sync this vault folder (repeatable).")
 @click.option("--memos", "memos", multiple=True, help="Sync this Memos/CFlow server URL (token: CFLOW_API_TOKEN).")
 @click.option("--source", "names", multiple=True, help="Sync only this known source (repeatable).")
@@ -154,8 +154,8 @@ def _source_line(result: SourceReport, verbose: bool) -> str:
     return line
 
 
-@main.command()
-@click.option("--json", "as_json", is_flag=True)
+@main.command(short_help="What the index holds and how far each search channel is.")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> None:
     """What the index holds, per source, and when each last synced."""
@@ -173,10 +173,10 @@ def status(ctx: click.Context, as_json: bool) -> None:
                    f"last sync {src['last_sync'] or 'never'}, last result {state}")
 
 
-@main.command("search")
+@main.command("search", short_help="Find notes by meaning and by words.")
 @click.argument("query", required=False)
 @click.option("-k", "k", default=8, show_default=True, type=click.IntRange(1, 100), help="Notes to return.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.option("--queries", "queries_file", type=click.File("r", encoding="utf-8"),
               help='Batch: a JSONL file of {"id", "text"}; prints one JSON line per query.')
 @click.option("--source", "sources", multiple=True, help="Only these sources (name or kind: vault, memos).")
@@ -243,11 +243,11 @@ def _print_results(response: Any, empty: bool = False) -> None:
         click.echo(f"    {_plain(readable_excerpt(result['excerpt'])[:200])}")
 
 
-@main.command("ask")
+@main.command("ask", short_help="Answer from your notes, citing them as [n].")
 @click.argument("question")
 @click.option("-k", "k", default=6, show_default=True, type=click.IntRange(1, 20), help="Notes to draw on.")
 @click.option("--session", default=None, help="Continue this conversation (created on first use).")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.option("--source", "sources", multiple=True, help="Only these sources.")
 @click.option("--tag", "tags", multiple=True, help="Only notes with this tag.")
 @click.option("--since", default=None, help="Only notes dated on or after YYYY-MM-DD.")
@@ -313,8 +313,8 @@ class _Unbold:
         return pending
 
 
-@main.group("sessions", invoke_without_command=True)
-@click.option("--json", "as_json", is_flag=True)
+@main.group("sessions", invoke_without_command=True, short_help="List or delete conversations.")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.pass_context
 def sessions_group(ctx: click.Context, as_json: bool) -> None:
     """List conversations (name, turns, last question, last used), newest first; `delete NAME` removes one."""
@@ -341,13 +341,13 @@ def sessions_delete(ctx: click.Context, name: str) -> None:
     click.echo(f"deleted session {_plain(name)}")
 
 
-@main.group()
+@main.group(short_help="List or remove sources.")
 def source() -> None:
     """List or remove sources."""
 
 
 @source.command("list")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.pass_context
 def source_list(ctx: click.Context, as_json: bool) -> None:
     specs = [s.to_dict() for s in _open(ctx).known_sources()]
@@ -360,7 +360,7 @@ def source_list(ctx: click.Context, as_json: bool) -> None:
 
 @source.command("remove")
 @click.argument("name")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.pass_context
 def source_remove(ctx: click.Context, name: str, as_json: bool) -> None:
     """Remove NAME and all its notes from the index (the notes themselves are untouched)."""
@@ -374,7 +374,7 @@ def source_remove(ctx: click.Context, name: str, as_json: bool) -> None:
             click.echo("note: it is still listed in config.toml and will come back on the next sync", err=True)
 
 
-@main.command()
+@main.command(short_help="Keep the index fresh as notes change.")
 @click.option("--vault", "vaults", multiple=True, type=click.Path(), help="Watch this vault folder (repeatable).")
 @click.option("--memos", "memos", multiple=True, help="Poll this Memos/CFlow server (repeatable).")
 @click.option("--interval", default=60.0, show_default=True, type=click.FloatRange(1, 86_400),
@@ -418,7 +418,7 @@ def _keep_fresh(brain: Brain, watch_sources: bool, interval: float) -> None:
         brain.auto_refresh = True
 
 
-@main.command()
+@main.command(short_help="The chat page in your browser.")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Interface to listen on; anything but this machine needs BRAIN_UI_USER and BRAIN_UI_PASSWORD.")
 @click.option("--port", default=7860, show_default=True, type=click.IntRange(1, 65535))
@@ -436,7 +436,7 @@ def serve(ctx: click.Context, host: str, port: int, watch_sources: bool, interva
         page.serve(brain, host, port)
 
 
-@main.command("mcp")
+@main.command("mcp", short_help="Serve the notes to agents over MCP.")
 @click.option("--http", "over_http", is_flag=True, help="Streamable HTTP instead of stdio (token: BRAIN_MCP_TOKEN).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="HTTP: address to listen on.")
 @click.option("--port", default=8765, show_default=True, type=click.IntRange(1, 65535), help="HTTP: port.")
@@ -457,7 +457,7 @@ def mcp(ctx: click.Context, over_http: bool, host: str, port: int, watch_sources
             mcp_server.run_stdio(brain)
 
 
-@main.command("doctor")
+@main.command("doctor", short_help="Check (and repair) that the stores agree.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON report.")
 @click.option("--repair", is_flag=True, help="Fix what disagrees (re-embeds only notes whose vectors are missing).")
 @click.option("--compact", is_flag=True, help="Rebuild the Chroma collections to reclaim space after heavy churn.")
@@ -497,10 +497,10 @@ def _print_doctor(result: dict[str, Any]) -> None:
 
 
 
-@main.command("get")
+@main.command("get", short_help="Print one note by its id.")
 @click.argument("note_id")
 @click.option("--fresh", is_flag=True, help="Read the note again from its source and say whether the index is stale.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.pass_context
 def get_command(ctx: click.Context, note_id: str, fresh: bool, as_json: bool) -> None:
     """Print one note by its id (from `brain search`): text, tags, links; --fresh reads its source again."""
@@ -526,18 +526,18 @@ def get_command(ctx: click.Context, note_id: str, fresh: bool, as_json: bool) ->
     click.echo(_plain(note["text"], keep_lines=True))
 
 
-@main.group("skill")
+@main.group("skill", short_help="Install or show the agent Skill.")
 def skill_group() -> None:
     """The agent Skill that teaches Claude Code or Codex to search, read and cite your notes."""
 
 
-@skill_group.command("install")
+@skill_group.command("install", short_help="Write the Skill where the agent looks.")
 @click.option("--target", type=click.Choice(["claude", "codex"]), default="claude", show_default=True,
               help="The agent whose skills folder to write to.")
 @click.option("--dir", "skills_dir", type=click.Path(file_okay=False),
               help="Skills folder to use instead (the Skill goes into DIR/cflow-brain), e.g. .claude/skills.")
 @click.option("--force", is_flag=True, help="Overwrite a copy that was changed since it was installed.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def skill_install(target: str, skills_dir: str | None, force: bool, as_json: bool) -> None:
     """Write the cflow-brain Skill where the agent looks (Claude Code: ~/.claude/skills, Codex: ~/.codex/skills)."""
     from rag_app.agent_skill import SkillConflict, install_skill

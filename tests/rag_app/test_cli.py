@@ -254,3 +254,14 @@ def test_an_empty_home_says_how_to_add_notes(home):
     for command in (["search", "观影"], ["ask", "我想看哪些电影？"]):
         done = brain(home, *command)
         assert (done.returncode, done.stdout) == (0, "no notes yet: run brain sync --vault DIR or --memos URL\n")
+
+
+def test_help_lists_every_command_in_whole_sentences_and_every_json_flag_is_explained(home):
+    top = brain(home, "--help").stdout
+    commands = top.split("Commands:")[1].strip().splitlines()
+    assert len(commands) >= 12 and not any(line.rstrip().endswith("...") for line in commands)
+    for command in ("sync", "status", "search", "ask", "sessions", "source list", "doctor", "get", "skill install",
+                    "watch"):
+        json_line = next(line for line in brain(home, *command.split(), "--help").stdout.splitlines()
+                         if "--json" in line)
+        assert "JSON" in json_line.split("--json", 1)[1], command
