@@ -16,19 +16,7 @@ from rag_app.manifest import Manifest
 from rag_app.store import collection_name
 from rag_app.sync import TOKEN_ORIGIN
 from tests.doubles.memos_server import MemosDouble
-
-
-def chroma_ids(home: Path, model: str = "use-m3") -> set[str]:
-    collection = chromadb.PersistentClient(path=str(home / "chroma")).get_collection(collection_name(model))
-    return set(collection.get(include=[])["ids"])
-
-
-def manifest_chunk_ids(home: Path) -> set[str]:
-    manifest = Manifest(home / "index.sqlite")
-    try:
-        return {c for e in manifest.entries().values() for c in e.chunk_ids}
-    finally:
-        manifest.close()
+from tests.rag_app.test_sync import chroma_ids, manifest_chunk_ids
 
 
 def config_with_sources(home: Path, *sources: dict[str, str]) -> None:
