@@ -49,13 +49,7 @@ class AnswerResponse:
         return {"answer": self.answer, "citations": self.citations, "coverage": self.coverage, "mode": self.mode}
 
 
-def strength(score: float, best: float) -> str:
-    ratio = score / best if best else 0.0
-    return "strong" if ratio >= 0.8 else "related" if ratio >= 0.5 else "weak"
-
-
 def citations_from(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    best = results[0]["score"] if results else 0.0
     out = []
     for n, result in enumerate(results, 1):
         citation = {"n": n, "note_id": result["note_id"], "title": result["title"]}
@@ -63,7 +57,7 @@ def citations_from(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             citation["url"] = result["url"]
         else:
             citation["path"] = result.get("path")
-        citation.update(excerpt=readable_excerpt(result["excerpt"]), strength=strength(result["score"], best))
+        citation.update(excerpt=readable_excerpt(result["excerpt"]), strength=result["strength"])
         out.append(citation)
     return out
 
@@ -359,6 +353,7 @@ def llm_answer(llm: Any, question: str, context: str, on_token: Callable[[str], 
     return "".join(pieces)
 
 
+CITATION_MARK = r"[\[\uff3b\u3010]\s*(?:\d{1,6}|\?)\s*[\]\uff3d\u3011]"  # [n] [?] and fullwidth forms
 _CITATION = re.compile(r"[\[\uff3b\u3010]\s*(\d{1,6})\s*[\]\uff3d\u3011]")
 UNKNOWN_CITATION = "[?]"
 

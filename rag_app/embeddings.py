@@ -317,9 +317,10 @@ def _server_message(body: object) -> str:
 
 
 def _redact(text: str, secret: str) -> str:
-    """One line of at most 300 characters without the key (a server's message may echo it)."""
-    text = " ".join(text.split())
-    return (text.replace(secret, "***") if secret else text)[:300]
+    """One line of at most 300 characters without the key (a server's message may echo it, also escaped)."""
+    from readers.memos_client import redact_secrets
+
+    return redact_secrets(" ".join(text.split()), [secret])[:300]
 
 
 def _huggingface(name: str) -> BaseEmbedding:

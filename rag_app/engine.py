@@ -67,7 +67,7 @@ class Brain:
         self._refreshing: threading.Thread | None = None
         self._last_refresh = 0.0
         self._llm: Any = None
-        self._graph: tuple[str, LinkGraph] | None = None
+        self._graph: tuple[str, LinkGraph, dict[str, dict[str, Any]]] | None = None
         self._lock = threading.RLock()
 
     @property
@@ -451,11 +451,16 @@ class Brain:
 
     def graph(self) -> LinkGraph:
         """The link graph of everything indexed (rebuilt when the index changed)."""
+        return self._graph_and_metadata()[0]
+
+    def _graph_and_metadata(self) -> tuple[LinkGraph, dict[str, dict[str, Any]]]:
+        """The link graph and every note's metadata, read once per index generation (both feed every note view)."""
         with self._lock:
             index = self.searcher()
             if self._graph is None or self._graph[0] != index.stamp:
-                self._graph = (index.stamp, LinkGraph.build(index.manifest.note_metadata()))
-            return self._graph[1]
+                metadata = index.manifest.note_metadata()
+                self._graph = (index.stamp, LinkGraph.build(metadata), metadata)
+            return self._graph[1], self._graph[2]
 
     def get_note(self, note_id: str, max_chars: int = 20_000, audience: str = "user",
                  fresh: bool = False) -> dict[str, Any]:
@@ -580,9 +585,9 @@ class Brain:
     def related(self, note_id: str, k: int = 8, audience: str = "user") -> dict[str, Any]:
         """Notes linked to or from this one, then its nearest notes by meaning."""
         note = self.get_note(note_id, max_chars=0, audience=audience)
+        _, metadata = self._graph_and_metadata()
         with self._lock:
             index = self.searcher()
-            metadata = index.manifest.note_metadata()
             linked = [n for n in dict.fromkeys(note["links"] + note["backlinks"]) if n in metadata
                       and self._visible(metadata[n], audience)]
             nearest = [n for n in index.nearest_notes(note_id, k * 2) if n not in linked

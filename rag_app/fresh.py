@@ -7,7 +7,6 @@ source's server (`GET /api/v1/memos/{uid}`, old servers `GET /api/v1/memo/{id}`)
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import stat
@@ -20,9 +19,7 @@ from readers.records import NoteRecord
 
 __all__ = ["SourceError", "read_note"]
 
-MiB = 1024 * 1024
 _UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")  # what a stored memo id may be to become one URL segment
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 class SourceError(Exception):
@@ -38,7 +35,7 @@ def read_note(spec: SourceSpec, note_id: str, meta: dict[str, Any], token: str |
 
 
 def _read_vault_note(spec: SourceSpec, note_id: str, rel: str) -> NoteRecord | None:
-    from readers.vault_scanner import VaultScanner, decode_note
+    from readers.vault_scanner import VaultScanner, decode_note, looks_binary
 
     parts = rel.split("/")
     if not rel or any(p in ("", ".", "..") or p.startswith(".") for p in parts) or "\\" in rel:
@@ -62,7 +59,7 @@ def _read_vault_note(spec: SourceSpec, note_id: str, rel: str) -> NoteRecord | N
         return None
     except OSError as exc:
         raise SourceError(f"{rel}: cannot be read ({exc.strerror or exc})") from None
-    if b"\x00" in raw[:8192] and not raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+    if looks_binary(raw):
         raise SourceError(f"{rel}: binary content in a .md file")
     text, _ = decode_note(raw)
     record, _ = scanner.parse(rel, text, info.st_mtime)
@@ -92,26 +89,12 @@ def _read_memo(spec: SourceSpec, note_id: str, memo_id: str, token: str | None) 
                                   "the memo (is the source's token set?)")
             if answer.status_code >= 400:
                 raise SourceError(f"GET {path}: HTTP {answer.status_code}")
-            memo = _memo_json(answer.content, client.max_memo_bytes, path)
+            memo = client.parse_json(answer.content, f"GET {path}")
+            if not isinstance(memo, dict):
+                raise SourceError(f"GET {path}: expected a memo object")
             record = memo_to_record(memo, api, client.base_url, spec.name)
     except MemosError as exc:
         raise SourceError(str(exc)) from None
     if record is None or record.id != note_id:
         raise SourceError(f"the server answered {note_id!r} with another memo")
     return record
-
-
-def _memo_json(body: bytes, max_memo_bytes: int, where: str) -> dict[str, Any]:
-    """One memo object from an answer no larger than a memo could make it; bad text becomes U+FFFD."""
-    if len(body) > 4 * max_memo_bytes + MiB:
-        raise SourceError(f"GET {where}: the answer is larger than a memo may be (max_memo_bytes)")
-    try:
-        memo = json.loads(body.decode("utf-8", errors="replace"))
-    except (ValueError, RecursionError):
-        raise SourceError(f"GET {where}: malformed JSON") from None
-    if not isinstance(memo, dict):
-        raise SourceError(f"GET {where}: expected a memo object")
-    for key in ("content", "name", "uid"):
-        if isinstance(memo.get(key), str):
-            memo[key] = _SURROGATE.sub("\ufffd", memo[key])
-    return memo

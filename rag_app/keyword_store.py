@@ -24,7 +24,7 @@ def refresh_keyword_index(settings: Settings, manifest: Manifest, force: bool = 
     The caller holds the SyncLock (it may rewrite cached tokens)."""
     stamp = keyword_stamp(manifest)
     current_tokens = manifest.get_meta("tokenizer_version") == TOKENIZER_VERSION
-    if not force and current_tokens and saved_keyword_ids(settings)[0] == stamp:
+    if not force and current_tokens and _saved_stamp(settings, manifest) == stamp:
         return False
     index = KeywordIndex.build(load_keyword_rows(manifest, persist=True))
     index.save(settings.bm25_path, stamp)
@@ -40,9 +40,16 @@ def open_keyword_index(settings: Settings, manifest: Manifest) -> KeywordIndex:
 
 def keyword_progress(settings: Settings, manifest: Manifest, total_chunks: int) -> dict[str, Any]:
     """The BM25 channel's part of `brain status`: chunks the saved index covers, and whether it is current."""
+    current = _saved_stamp(settings, manifest) == keyword_stamp(manifest)
     saved = json.loads(manifest.get_meta("bm25_saved") or "{}")
-    current = saved.get("stamp") == keyword_stamp(manifest) and settings.bm25_path.exists()
-    return {"chunks": total_chunks if current else int(saved.get("chunks", 0)), "complete": bool(current)}
+    return {"chunks": total_chunks if current else int(saved.get("chunks", 0)), "complete": current}
+
+
+def _saved_stamp(settings: Settings, manifest: Manifest) -> str | None:
+    """The stamp of the saved index, as recorded when it was saved (cheap: not its whole id list)."""
+    if not (settings.bm25_path / "ids.json").exists():
+        return None
+    return json.loads(manifest.get_meta("bm25_saved") or "{}").get("stamp")
 
 
 def saved_keyword_ids(settings: Settings) -> tuple[str | None, set[str]]:

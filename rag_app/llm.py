@@ -128,6 +128,6 @@ def error_reason(exc: BaseException, secret: str = "") -> str:
             parts.append(text)
         cause, seen = cause.__cause__ or cause.__context__, seen + 1
     reason = parts[0] + (f" ({parts[-1]})" if len(parts) > 1 else "")
-    if secret:
-        reason = reason.replace(secret, "***")
-    return re.sub(r"\s+", " ", reason).strip()[:ERROR_CHARS]
+    from readers.memos_client import redact_secrets
+
+    return redact_secrets(re.sub(r"\s+", " ", reason).strip(), [secret] if secret else [])[:ERROR_CHARS]

@@ -173,15 +173,6 @@ def parse_note_ref(ref: str) -> tuple[str, int | None, int | None]:
     return (query.get("id") or [""])[0], number("turn"), number("n")
 
 
-def note_link(note: dict[str, Any], obsidian: bool) -> str:
-    """A memo links to its web page; a vault note shows its path, linked into Obsidian when the config allows."""
-    title = escape_markdown(str(note.get("title") or note["note_id"]))
-    href = note_href(note, obsidian)
-    path = "" if note.get("url") else str(note.get("path") or "")
-    where = f" — {escape_markdown(path)}" if path else ""
-    return f"[{title}]({href}){where}" if href else f"**{title}**{where}"
-
-
 def urls_in(text: str) -> set[str]:
     """The http(s) URLs written in a note: the only web addresses an answer about it may link to."""
     return {url.rstrip(_TRAILING) for url in _LINKABLE.findall(text) if url.lower().startswith(("http:", "https:"))}

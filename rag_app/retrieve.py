@@ -617,7 +617,16 @@ def collapse(index: SearchIndex, fused: list[NodeWithScore], k: int, per_note: i
         result = _result(note_id, hits, terms)
         seen_hash[digest] = result
         results.append(result)
+    best = results[0]["score"] if results else 0.0
+    for result in results:
+        result["strength"] = strength(result["score"], best)
     return results
+
+
+def strength(score: float, best: float) -> str:
+    """A result's relevance label against the best of its search: strong (≥ 0.8 of it), related (≥ 0.5) or weak."""
+    ratio = score / best if best else 0.0
+    return "strong" if ratio >= 0.8 else "related" if ratio >= 0.5 else "weak"
 
 
 def _result(note_id: str, hits: list[NodeWithScore], terms: list[str]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from rag_app.answer import content_words
+from rag_app.answer import CITATION_MARK, content_words
 from rag_app.query import SearchError
 
 MAX_NAME_CHARS = 80
@@ -166,7 +166,7 @@ class SessionStore:
         return name
 
 
-_CITATION_MARK = re.compile(r"\s?[\[\uff3b\u3010]\s*(?:\d{1,6}|\?)\s*[\]\uff3d\u3011]")
+_CITATION_MARK = re.compile(r"\s?" + CITATION_MARK)
 
 
 def without_citations(text: str) -> str:

@@ -14,6 +14,7 @@ import os
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -255,6 +256,7 @@ class _Applier:
         self.chunker_id = chunker_id(settings.chunk_max_chars, settings.chunk_overlap)
         self._client: Any = None
         self._chunker: Any = None
+        self._indexes: dict[str, Any] = {}
 
     @property
     def client(self) -> Any:
@@ -264,12 +266,18 @@ class _Applier:
             self._client = open_chroma(self.settings)
         return self._client
 
+    def _index(self, model: str) -> Any:
+        """The collection of one model, opened once per sync."""
+        if model not in self._indexes:
+            from rag_app.store import VectorIndex
+
+            self._indexes[model] = VectorIndex(self.settings, model, client=self.client)
+        return self._indexes[model]
+
     def _forget(self, note_ids: list[str], models: set[str]) -> None:
         """Remove these notes' vectors from the collections of `models`."""
-        from rag_app.store import VectorIndex
-
         for model in sorted(models):
-            VectorIndex(self.settings, model, client=self.client).forget(note_ids)
+            self._index(model).forget(note_ids)
 
     def apply(self, source: str, plan: Plan) -> None:
         if plan.to_embed:
@@ -337,11 +345,10 @@ class _Applier:
             return
         from rag_app.embeddings import load_embedding
         from rag_app.pipeline import embedding_pipeline, nodes_from_rows
-        from rag_app.store import VectorIndex
 
         sizes = self.manifest.chunk_counts(lacking)
         total = sum(sizes.values())
-        index = VectorIndex(self.settings, model, client=self.client)
+        index = self._index(model)
         key = (model, repr(self.settings.remote_embedding))
         if key not in _ENCODERS:  # kept for the process: a watcher's next sync starts embedding at once
             _ENCODERS[key] = load_embedding(model, self.settings)
@@ -350,13 +357,13 @@ class _Applier:
         pipeline = embedding_pipeline(embed, index.vector_store())
         self.progress.start(total, model)
         batch_chunks, done, started = FIRST_FILL_BATCH, 0, time.monotonic()
-        queue = list(lacking)
+        queue = deque(lacking)
         while queue and not self.stop:
             batch: list[str] = []
             chunks = 0
             while queue and (not batch or chunks + sizes[queue[0]] <= batch_chunks):
                 chunks += sizes[queue[0]]
-                batch.append(queue.pop(0))
+                batch.append(queue.popleft())
             batch_started = time.monotonic()
             index.forget(batch)  # vectors a crashed run added but never recorded
             nodes = nodes_from_rows(self.manifest.chunks_for_notes(batch))

@@ -72,10 +72,11 @@ class Watcher:
         """The vault sources a change touches: notes (.md) and folders, not editor or Obsidian state."""
         touched: dict[str, SourceSpec] = {}
         for path in paths:
-            if path.suffix.lower() not in (".md", "") or any(p.startswith(".") for p in path.parts):
+            if path.suffix.lower() not in (".md", ""):
                 continue
-            for root, spec in self.vaults.items():
-                if path == root or root in path.parents:
+            for root, spec in self.vaults.items():  # dot-folders inside the vault are skipped, as the scanner does
+                inside = path == root or root in path.parents
+                if inside and not any(p.startswith(".") for p in path.relative_to(root).parts):
                     touched[spec.name] = spec
         return list(touched.values())
 

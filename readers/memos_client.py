@@ -387,9 +387,9 @@ class MemosClient:
             raise self._error(f"GET {path}{what}: 401 {self._says(response)}: {self._auth_hint()}", MemosAuthError)
         if response.status_code >= 400:
             raise self._error(f"GET {path}{what}: HTTP {response.status_code} {self._says(response)}")
-        return self._parse(response.content, f"GET {path}{what}")
+        return self.parse_json(response.content, f"GET {path}{what}")
 
-    def _parse(self, body: bytes, where: str) -> Any:
+    def parse_json(self, body: bytes, where: str) -> Any:
         """JSON within a value budget (parsing can inflate a body ~20x); bad text repaired with a warning, not fatal.
 
         Lone surrogates (`"\\ud800"`) and invalid UTF-8 become U+FFFD, as a text editor would show them.
@@ -426,7 +426,7 @@ class MemosClient:
             if response.status_code >= 400:
                 raise self._error(f"GET {path}: HTTP {response.status_code} {self._says(response)}")
             try:
-                body = self._parse(response.content, f"GET {path}")
+                body = self.parse_json(response.content, f"GET {path}")
             except MemosError:
                 continue
             if not isinstance(body, dict):
@@ -465,7 +465,7 @@ class MemosClient:
             if response.status_code >= 400:
                 return None
             try:
-                body = self._parse(response.content, f"{method} {path}")
+                body = self.parse_json(response.content, f"{method} {path}")
             except MemosError:
                 return None
             if isinstance(body, dict):

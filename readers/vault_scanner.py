@@ -75,7 +75,7 @@ def file_signature(raw: bytes) -> str:
     return f"{_parser_stamp()}:{hashlib.blake2b(raw, digest_size=16).hexdigest()}"
 
 
-def _looks_binary(raw: bytes) -> bool:
+def looks_binary(raw: bytes) -> bool:
     return not raw.startswith(tuple(bom for bom, _ in _BOMS)) and b"\x00" in raw[:8192]
 
 
@@ -184,7 +184,7 @@ class VaultScanner:
             if known.get(note_id) == signature:
                 listing.unchanged_ids.add(note_id)
                 continue
-            if _looks_binary(raw):
+            if looks_binary(raw):
                 listing.warnings.append(f"{rel}: binary content in a .md file; skipped")
                 listing.skipped += 1
                 continue

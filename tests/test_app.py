@@ -326,9 +326,9 @@ def test_citation_links_per_source_kind() -> None:
             "excerpt": "x", "strength": "strong"}
     note = {"n": 2, "note_id": "vault:My Notes/a b/c.md", "title": "C", "path": "a b/c.md", "excerpt": "",
             "strength": "strong"}
-    assert app.note_link(memo, obsidian=False) == r"[\[draft\] a \(b\)](https://m.example/m/abc)"
-    assert app.note_link(note, obsidian=False) == r"**C** — a b/c\.md"
-    assert app.note_link(note, obsidian=True) == r"[C](obsidian://open?vault=My%20Notes&file=a%20b%2Fc.md) — a b/c\.md"
+    assert app.note_href(memo, obsidian=False) == "https://m.example/m/abc"
+    assert app.note_href(note, obsidian=False) is None
+    assert app.note_href(note, obsidian=True) == "obsidian://open?vault=My%20Notes&file=a%20b%2Fc.md"
     shown = app.sources_markdown([memo, note], {1, 2}, obsidian=False, excerpts=True, turn=0)
     assert shown.splitlines()[2:] == [
         rf"1. [\[draft\] a \(b\)]({app.note_ref('memos:abc', 0, 1)}) · strong · [open in Memos](https://m.example/m/abc)",

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
 
 from pydantic import Field
 
-from rag_app.answer import strength
 from rag_app.capture import MAX_CAPTURE_BYTES, MAX_TAGS, MAX_TITLE_CHARS
 from rag_app.engine import Brain, CaptureError, ConfigError, NoteNotFound, SearchError, SourceError
 
@@ -42,8 +41,8 @@ FIELD_CHARS = 2_000  # the longest string in a reply besides a note's text
 MAX_REPLY_BYTES = 256_000  # one reply, whatever the notes hold; beyond it `reply_capped` says what was cut
 MAX_CUT_PATHS = 20
 RELATED_K = 8
-RESULT_KEYS = ("note_id", "title", "source", "kind", "path", "memo_id", "url", "visibility", "score", "excerpt",
-               "tags", "created", "updated", "duplicates")
+RESULT_KEYS = ("note_id", "title", "source", "kind", "path", "memo_id", "url", "visibility", "score", "strength",
+               "excerpt", "tags", "created", "updated", "duplicates")
 
 NoteId = Annotated[str, Field(
     description="A note id from search_notes or related_notes, e.g. 'vault:notes/生活/电影清单.md' or 'memos:<uid>'. "
@@ -118,11 +117,10 @@ class BrainTools:
             variants=variants or None, expand=False, audience=AUDIENCE,
         )
         coverage = response.coverage
-        best = response.results[0]["score"] if response.results else 0.0
         shown = ("queries", "filters", "time_phrase", "channels", "filling_vectors", "freshness")
         return {
             "query": main,
-            "results": [_result(r, best) for r in response.results],
+            "results": [_result(r) for r in response.results],
             "coverage": {key: coverage[key] for key in shown if coverage.get(key) is not None},
         }
 
@@ -293,10 +291,9 @@ def _note_id(value: object) -> str:
     return value
 
 
-def _result(result: dict[str, Any], best: float) -> dict[str, Any]:
-    """A search hit as agents see it: known fields only, its strength against the best hit, passages capped."""
+def _result(result: dict[str, Any]) -> dict[str, Any]:
+    """A search hit as agents see it: known fields only, passages capped."""
     shaped = {key: result[key] for key in RESULT_KEYS if result.get(key) is not None}
-    shaped["strength"] = strength(result["score"], best)
     shaped["passages"] = [{"heading": c.get("heading") or "", "text": c.get("text", "")[:PASSAGE_CHARS]}
                           for c in result.get("chunks", [])]
     return shaped

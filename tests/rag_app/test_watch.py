@@ -127,3 +127,16 @@ def test_without_auto_refresh_a_search_never_syncs(home, make_vault):
     time.sleep(1.2)
     response = Brain(home).search("pangolin")
     assert "freshness" not in response.coverage and not any(r["note_id"].endswith("e.md") for r in response.results)
+
+
+def test_a_vault_inside_a_dot_folder_is_watched_but_its_own_dot_folders_are_not(home, tmp_path):
+    from rag_app.config import load_settings, vault_source
+    from rag_app.watch import Watcher
+
+    root = tmp_path / ".config" / "vault"
+    root.mkdir(parents=True)
+    spec = vault_source(str(root))
+    watcher = Watcher(load_settings(home), [spec])
+    resolved = root.resolve()
+    assert watcher._vaults_of({resolved / "note.md"}) == [spec]
+    assert watcher._vaults_of({resolved / ".obsidian" / "workspace.md", resolved / "x.json"}) == []
