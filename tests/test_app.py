@@ -529,20 +529,23 @@ def test_python_app_py_serves_the_page(home: Path, tmp_path: Path) -> None:
         "BRAIN_HOME": str(home), "GRADIO_SERVER_PORT": str(port)}
     server = subprocess.Popen([sys.executable, str(REPO / "app.py")], cwd=tmp_path, env=env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    announced = f"brain: chat page on http://127.0.0.1:{port}/"
+    seen: list[str] = []
+    watchdog = threading.Timer(120, server.kill)  # a server that hangs silently ends the read below
+    watchdog.start()
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and server.poll() is None:
-            try:
-                response = httpx.get(f"http://127.0.0.1:{port}/", timeout=2)
+        assert server.stdout is not None
+        for line in server.stdout:  # the announcement comes once the page answers; a dead server ends the loop
+            seen.append(line)
+            if announced in line:
                 break
-            except httpx.HTTPError:
-                time.sleep(0.5)
         else:
-            pytest.fail(f"python app.py did not answer: {server.stdout.read() if server.stdout else ''}")
+            pytest.fail(f"python app.py did not announce the page: {''.join(seen)}")
+        response = httpx.get(f"http://127.0.0.1:{port}/", timeout=10)
         assert response.status_code == 200 and "content-security-policy" in response.headers
     finally:
+        watchdog.cancel()
         stop(server)
-    assert f"brain: chat page on http://127.0.0.1:{port}/" in (server.stdout.read() if server.stdout else "")
 
     refused = subprocess.run([sys.executable, str(REPO / "app.py")], cwd=tmp_path, capture_output=True, text=True,
                              env=env | {"GRADIO_SERVER_NAME": "0.0.0.0"}, timeout=120)
