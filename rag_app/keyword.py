@@ -15,6 +15,7 @@ import re
 import sqlite3
 import threading
 import unicodedata
+import zlib
 from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
@@ -150,16 +151,28 @@ def _write_frequencies(path: Path, frequencies: dict[str, int], total: int) -> N
 
 
 def _write_cache(path: Path, write: Any) -> None:
-    """Write a cache file atomically (a partial file never has the final name); a read-only cache only costs speed."""
+    """Write a cache file atomically (a partial file never has the final name) and drop the caches of other
+    dictionaries beside it (a jieba upgrade would otherwise leave ~18 MB behind each time); a read-only cache only
+    costs speed."""
     partial = path.with_suffix(f".{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         partial.unlink(missing_ok=True)
         write(partial)
         os.replace(partial, path)
+        for stale in path.parent.glob(f"jieba-*{path.suffix}"):
+            if stale != path:
+                stale.unlink(missing_ok=True)
     except (OSError, sqlite3.Error):
         with contextlib.suppress(OSError):
             partial.unlink(missing_ok=True)
+
+
+@lru_cache(maxsize=1)
+def _dictionary_key(dictionary: Path) -> str:
+    """The dictionary's size and CRC: the same words share one cache whichever install (or reinstall) they come from."""
+    data = dictionary.read_bytes()
+    return f"{len(data)}-{zlib.crc32(data):08x}"
 
 
 def _cache_path(jieba: Any, suffix: str) -> Path | None:
@@ -168,11 +181,10 @@ def _cache_path(jieba: Any, suffix: str) -> Path | None:
     base = os.environ.get("XDG_CACHE_HOME", "")
     try:
         root = Path(base) if os.path.isabs(base) else Path.home() / ".cache"
-        stat = (Path(jieba.__file__).parent / jieba.DEFAULT_DICT_NAME).stat()
+        key = _dictionary_key(Path(jieba.__file__).parent / jieba.DEFAULT_DICT_NAME)
     except (OSError, RuntimeError, KeyError, AttributeError, TypeError):
         return None
-    key = f"{jieba.__version__}-{stat.st_size}-{int(stat.st_mtime)}"
-    return root / "cflow-brain" / f"jieba-{key}{suffix}"
+    return root / "cflow-brain" / f"jieba-{jieba.__version__}-{key}{suffix}"
 
 
 @lru_cache(maxsize=1)

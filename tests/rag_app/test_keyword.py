@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rag_app.keyword import KeywordIndex, tokenize
-from tests.conftest import REPO
+from rag_app.keyword import KeywordIndex, _dictionary_key, tokenize
+from tests.conftest import REPO, write_files
 
 
 def test_chinese_is_segmented_into_words_without_spurious_bigrams() -> None:
@@ -51,9 +51,12 @@ def _tokenize_in_fresh_process(cache_home: Path, texts: int = 1, env: dict[str, 
 
 
 def test_jieba_dictionary_is_cached_per_user_and_damaged_caches_are_rebuilt(tmp_path: Path) -> None:
+    folder = tmp_path / "cflow-brain"
+    older = write_files(folder, {"jieba-0.42.0-123-0badf00d.marshal": b"x", "jieba-0.42.0-123-0badf00d.sqlite": b"x"})
+    folder.chmod(0o700)
     first = _tokenize_in_fresh_process(tmp_path)
     assert first.startswith("dict ")  # no cache yet: the whole dictionary, and both caches are written
-    folder = tmp_path / "cflow-brain"
+    assert not list(older.glob("*0badf00d*"))  # another dictionary's caches go: upgrades leave nothing behind
     whole, lazy = next(folder.glob("jieba-*.marshal")), next(folder.glob("jieba-*.sqlite"))
     assert whole.stat().st_size > 1_000_000 and lazy.stat().st_size > 1_000_000
     assert folder.stat().st_mode & 0o077 == 0
@@ -65,6 +68,13 @@ def test_jieba_dictionary_is_cached_per_user_and_damaged_caches_are_rebuilt(tmp_
     assert _tokenize_in_fresh_process(tmp_path) == f"dict {words}"
     assert _tokenize_in_fresh_process(tmp_path) == f"_WordFrequencies {words}"
     assert whole.stat().st_size > 1_000_000
+
+
+def test_the_cache_key_is_the_dictionarys_content_not_its_install_time(tmp_path: Path) -> None:
+    one, two, other = (write_files(tmp_path / name, {"dict.txt": text}) / "dict.txt"
+                       for name, text in (("a", "电影 5 n\n"), ("b", "电影 5 n\n"), ("c", "电影 6 n\n")))
+    os.utime(two, (1_000_000, 1_000_000))
+    assert _dictionary_key(one) == _dictionary_key(two) != _dictionary_key(other)
 
 
 def test_match_share_is_the_idf_weighted_part_of_the_query_a_chunk_contains() -> None:
