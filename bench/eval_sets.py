@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,3 +91,19 @@ def materialise(shared: Path, eval_set: EvalSet, out: Path) -> EvalSet:
             target.write_text(content, encoding="utf-8")
     eval_set.vault_dir = vault
     return eval_set
+
+
+def ready_home(out: Path, eval_set: EvalSet, model: str) -> Path:
+    """The set's bench home, or exit: missing, or still filling vectors (a sync reports before its vectors are in,
+    and the engine searches only complete channels, so measuring now would quietly score fewer channels)."""
+    from rag_app.engine import Brain
+
+    home = out / "homes" / f"{eval_set.home_name}-{model}"
+    if not (home / "index.sqlite").exists():
+        sys.exit(f"{home} is missing: run python bench/prepare_eval.py --model {model} {eval_set.name}")
+    brain = Brain(home)
+    unfilled = [c for c, v in brain.status()["channels"].items() if not v["complete"]]
+    brain.close()
+    if unfilled:
+        sys.exit(f"{home}: {', '.join(unfilled)} still filling (brain --home {home} status); try again when done")
+    return home

@@ -20,7 +20,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from eval_sets import load_set, materialise  # noqa: E402
+from eval_sets import load_set, materialise, ready_home  # noqa: E402
 from metrics import summarise  # noqa: E402
 
 from rag_app.config import load_settings  # noqa: E402
@@ -40,9 +40,7 @@ def channel_cache(shared: Path, name: str, model: str) -> dict:
     if path.exists():
         return pickle.loads(path.read_bytes())
     eval_set = materialise(shared, load_set(shared, name), OUT)
-    home = OUT / "homes" / f"{eval_set.home_name}-{model}"
-    if not (home / "index.sqlite").exists():
-        sys.exit(f"{home} is missing: run python bench/prepare_eval.py --model {model} {name}")
+    home = ready_home(OUT, eval_set, model)
     index = SearchIndex(load_settings(home))
     keyword = index.keyword()
     models = index.settings.models

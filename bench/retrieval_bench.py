@@ -17,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from eval_sets import load_set, materialise  # noqa: E402
+from eval_sets import load_set, materialise, ready_home  # noqa: E402
 from metrics import summarise  # noqa: E402
 
 from rag_app.engine import Brain  # noqa: E402
@@ -27,10 +27,7 @@ OUT = Path(__file__).parent / "out"
 
 def run_set(shared: Path, name: str, model: str, modes: list[str], limit: int | None) -> list[str]:
     eval_set = materialise(shared, load_set(shared, name), OUT)
-    home = OUT / "homes" / f"{eval_set.home_name}-{model}"
-    if not (home / "index.sqlite").exists():
-        sys.exit(f"{home} is missing: run python bench/prepare_eval.py --model {model} {name}")
-    brain = Brain(home)
+    brain = Brain(ready_home(OUT, eval_set, model))
     queries = list(eval_set.queries.items())[:limit]
     lines = []
     for mode in modes:
