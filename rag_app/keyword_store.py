@@ -49,7 +49,10 @@ def _saved_stamp(settings: Settings, manifest: Manifest) -> str | None:
     """The stamp of the saved index, as recorded when it was saved (cheap: not its whole id list)."""
     if not (settings.bm25_path / "ids.json").exists():
         return None
-    return json.loads(manifest.get_meta("bm25_saved") or "{}").get("stamp")
+    recorded = manifest.get_meta("bm25_saved")
+    if recorded is None:  # saved by a version that did not record it: read the index's own stamp once
+        return saved_keyword_ids(settings)[0]
+    return json.loads(recorded).get("stamp")
 
 
 def saved_keyword_ids(settings: Settings) -> tuple[str | None, set[str]]:

@@ -302,6 +302,20 @@ def test_a_stopped_first_sync_keeps_its_batches_and_the_next_resumes_without_red
     assert Brain(home).status()["channels"]["use-m3"] == {"chunks": 12, "complete": True, "seconds_left": 0}
 
 
+def test_a_bm25_index_saved_before_its_stamp_was_recorded_still_counts_as_complete(home, make_vault):
+    """Homes from older versions have the saved index but no `bm25_saved` record: status reads the index's own stamp
+    (before, such a home showed BM25 0/N until its next sync), and a no-change sync does not rebuild it."""
+    vault = make_vault({"a.md": "# A\n\nalpha words", "b.md": "# B\n\nbeta words"})
+    Brain(home).sync(vaults=(str(vault),))
+    manifest = Manifest(home / "index.sqlite")
+    manifest.db.execute("DELETE FROM meta WHERE key = 'bm25_saved'")
+    manifest.db.commit()
+    manifest.close()
+    assert Brain(home).status()["channels"]["bm25"] == {"chunks": 2, "complete": True}
+    saved = (home / "bm25" / "ids.json").stat().st_mtime_ns
+    Brain(home).sync(vaults=(str(vault),))
+    assert (home / "bm25" / "ids.json").stat().st_mtime_ns == saved
+
 # ---- Memos ---------------------------------------------------------------------------------------
 
 
