@@ -30,24 +30,15 @@ from rag_app.config import (
 )
 from rag_app.store import StoreError
 
-ProgressHook = Callable[[int], None]
 OPENAI_BASE_URL = "https://api.openai.com/v1"
 MAX_RETRY_AFTER = 60.0  # seconds: a longer Retry-After fails the request instead of stalling the sync
 log = logging.getLogger("cflow_brain.embeddings")
 
 
 class _PackagedEmbedding(BaseEmbedding):
-    """Shared plumbing: a lazily built encoder and a hook that reports how many texts were embedded."""
+    """Shared plumbing: a lazily built encoder, and single texts and async calls routed to the batch path."""
 
     _encoder: Any = PrivateAttr(default=None)
-    _on_embedded: ProgressHook | None = PrivateAttr(default=None)
-
-    def set_progress_hook(self, hook: ProgressHook | None) -> None:
-        self._on_embedded = hook
-
-    def _report(self, count: int) -> None:
-        if self._on_embedded is not None:
-            self._on_embedded(count)
 
     def _get_text_embedding(self, text: str) -> list[float]:
         return self._get_text_embeddings([text])[0]
@@ -78,9 +69,7 @@ class E5SmallEmbedding(_PackagedEmbedding):
         return self._encoder.query(query).tolist()
 
     def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
-        vectors = self._encoder.passage(list(texts)).tolist()
-        self._report(len(texts))
-        return vectors
+        return self._encoder.passage(list(texts)).tolist()
 
 
 class UseM3Embedding(_PackagedEmbedding):
@@ -103,9 +92,7 @@ class UseM3Embedding(_PackagedEmbedding):
         return self._encoder.encode([query])[0].tolist()
 
     def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
-        vectors = self._encoder.encode(list(texts)).tolist()
-        self._report(len(texts))
-        return vectors
+        return self._encoder.encode(list(texts)).tolist()
 
 
 def load_embedding(model: str = DEFAULT_EMBEDDING, settings: Settings | None = None) -> BaseEmbedding:
@@ -184,14 +171,10 @@ def _server_embedding_class() -> type[BaseEmbedding]:
         api_key: str = Field(default="", repr=False, exclude=True)
         request_size: int = 16
         concurrency: int = 4
-        _on_embedded: ProgressHook | None = PrivateAttr(default=None)
 
         @classmethod
         def class_name(cls) -> str:
             return "ServerEmbedding"
-
-        def set_progress_hook(self, hook: ProgressHook | None) -> None:
-            self._on_embedded = hook
 
         def _get_credential_kwargs(self, is_async: bool = False) -> dict[str, Any]:
             return {**super()._get_credential_kwargs(is_async), "max_retries": 0}
@@ -230,7 +213,6 @@ def _server_embedding_class() -> type[BaseEmbedding]:
                 vectors = []
                 for piece in pieces:
                     vectors += self._embed_piece(request, piece)
-                    self._report(len(piece))
                 return vectors
             results: dict[int, list[list[float]]] = {}
             with ThreadPoolExecutor(max_workers=min(self.concurrency, len(pieces)),
@@ -245,7 +227,6 @@ def _server_embedding_class() -> type[BaseEmbedding]:
                                 other.cancel()
                             raise future.exception()  # type: ignore[misc]
                         results[futures[future]] = future.result()
-                        self._report(len(results[futures[future]]))  # from this thread: progress bars are not shared
             return [v for n in range(len(pieces)) for v in results[n]]
 
         def _embed_piece(self, request: Callable[[list[str]], list[list[float]]],
@@ -255,10 +236,6 @@ def _server_embedding_class() -> type[BaseEmbedding]:
                 raise RemoteEmbeddingError(f"embedding server {_shown_url(self.api_base)}: {len(vectors)} vectors "
                                            f"for {len(piece)} texts")
             return vectors
-
-        def _report(self, count: int) -> None:
-            if self._on_embedded is not None:
-                self._on_embedded(count)
 
         def _call(self, request: Callable[[Any], Any], argument: Any) -> Any:
             try:
@@ -331,16 +308,4 @@ def _huggingface(name: str) -> BaseEmbedding:
             "embedding.model = 'hf:...' needs the HuggingFace extra: pip install 'cflow-brain[hf]'"
         ) from exc
 
-    class _ReportingHF(HuggingFaceEmbedding):
-        _on_embedded: ProgressHook | None = PrivateAttr(default=None)
-
-        def set_progress_hook(self, hook: ProgressHook | None) -> None:
-            self._on_embedded = hook
-
-        def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
-            vectors = super()._get_text_embeddings(texts)
-            if self._on_embedded is not None:
-                self._on_embedded(len(texts))
-            return vectors
-
-    return _ReportingHF(model_name=name, device="cpu")
+    return HuggingFaceEmbedding(model_name=name, device="cpu")

@@ -254,20 +254,6 @@ class KeywordIndex:
         df = self.df(token)
         return float(np.log(1 + (len(self.ids) - df + 0.5) / (df + 0.5))) if df else None
 
-    def match_share(self, query_tokens: list[str], chunk_ids: list[str]) -> dict[str, float]:
-        """Per chunk, the IDF-weighted share of the query's tokens it contains (0..1), read from the index's posting
-        lists. Tokens no chunk has count in the denominator at the highest IDF seen: a query the notes only half
-        cover never reaches 1."""
-        idfs, contains = self.term_matrix(query_tokens, chunk_ids)
-        known = [i for i in idfs if i is not None]
-        if not known or not chunk_ids:
-            return {c: 0.0 for c in chunk_ids}
-        ceiling = max(known)
-        weights = np.asarray([i if i is not None else 0.0 for i in idfs], dtype=np.float64)
-        total = sum(i if i is not None else ceiling for i in idfs)
-        got = contains @ weights
-        return {c: float(g / total) for c, g in zip(chunk_ids, got, strict=True)}
-
     def term_matrix(self, query_tokens: list[str], chunk_ids: list[str]) -> tuple[list[float | None], np.ndarray]:
         """Each query token's IDF (None when no chunk has it) and which chunks contain which token (a boolean
         matrix, chunks × tokens), from the posting lists."""

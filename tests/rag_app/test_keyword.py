@@ -77,17 +77,6 @@ def test_the_cache_key_is_the_dictionarys_content_not_its_install_time(tmp_path:
     assert _dictionary_key(one) == _dictionary_key(two) != _dictionary_key(other)
 
 
-def test_match_share_is_the_idf_weighted_part_of_the_query_a_chunk_contains() -> None:
-    index = KeywordIndex.build([("full", tokenize("电影清单 周末")), ("half", tokenize("电影 票房")),
-                                ("none", tokenize("跑步 训练")), ("more", tokenize("清单 购物"))])
-    shares = index.match_share(tokenize("电影清单"), ["full", "half", "none", "unknown-chunk"])
-    assert shares["full"] == 1.0
-    assert 0.0 < shares["half"] < 1.0
-    assert shares["none"] == shares["unknown-chunk"] == 0.0
-    # a word no chunk has keeps even the best chunk below 1: the notes only half cover the query
-    assert index.match_share(tokenize("电影清单 火星"), ["full"])["full"] < 1.0
-
-
 def test_no_usable_cache_directory_still_tokenizes(tmp_path: Path) -> None:
     env = {**os.environ, "HOME": "/proc/no-such-home", "XDG_CACHE_HOME": "relative-cache"}
     out = _tokenize_in_fresh_process(tmp_path, env=env)

@@ -349,3 +349,25 @@ def test_the_async_path_runs_the_same_gated_fusion(sample_brain):
     expected = [(n.node.node_id, round(n.score, 9)) for n in sync_run.retrieve("ERR_CONN_RESET_4471")]
     got = [(n.node.node_id, round(n.score, 9)) for n in asyncio.run(async_run.aretrieve("ERR_CONN_RESET_4471"))]
     assert got == expected and async_run.channel_skipped["vector2"] == sync_run.channel_skipped["vector2"] == 1
+
+
+def test_a_chunks_share_is_the_idf_weighted_part_of_the_query_it_contains():
+    """The lexical-match evidence read from the real posting lists: whole, part, none, and a query half covered."""
+    from rag_app.keyword import KeywordIndex
+    from rag_app.retrieve import shares
+
+    index = KeywordIndex.build([("full", tokenize("电影清单 周末")), ("half", tokenize("电影 票房")),
+                                ("none", tokenize("跑步 训练")), ("more", tokenize("清单 购物"))])
+
+    def share(query: str, chunk_ids: list[str]) -> dict[str, float]:
+        tokens = tokenize(query)
+        terms = QueryTerms(tokens, [index.idf(t) for t in tokens], [index.df(t) for t in tokens], len(index.ids))
+        return shares(terms, lambda ids: index.term_matrix(tokens, ids)[1], chunk_ids)
+
+    got = share("电影清单", ["full", "half", "none", "unknown-chunk"])
+    assert got["full"] == 1.0
+    assert 0.0 < got["half"] < 1.0
+    assert got["none"] == got["unknown-chunk"] == 0.0
+    # a word no chunk has keeps even the best chunk below 1: the notes only half cover the query
+    assert "火星" in tokenize("电影清单 火星") and index.idf("火星") is None
+    assert share("电影清单 火星", ["full"])["full"] < 1.0
