@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from eval_sets import load_set, materialise, ready_home  # noqa: E402
 from metrics import summarise  # noqa: E402
 
-from rag_app.config import load_settings  # noqa: E402
+from rag_app.config import FAST_EMBEDDING, Settings, load_settings  # noqa: E402
 from rag_app.keyword import tokenize  # noqa: E402
 from rag_app.query import RetrievalConfig  # noqa: E402
 from rag_app.retrieve import KeywordRetriever, QueryTerms, SearchIndex, VectorRetriever, fuse_query  # noqa: E402
@@ -69,10 +69,11 @@ def channel_cache(shared: Path, name: str, model: str) -> dict:
 def fused_ranking(row: dict, config: RetrievalConfig, mode: str = "hybrid") -> list[tuple[str, str]]:
     """(chunk id, path) best first, as search() would rank them for this query (one query, no filters)."""
     paths = {cid: p for c in CHANNELS for cid, _, p in row.get(c, [])}
-    if mode != "hybrid":
+    if mode not in ("hybrid", "fast"):
         return [(cid, p) for cid, _, p in row.get(mode, [])]
-    names = [c for c in CHANNELS if c in row]
-    lists = {c: [(cid, s) for cid, s, _ in row[c]] for c in names}
+    # fast: a home with USE-m3 only, whose one dense channel is the default home's second ("vector2")
+    names = {"hybrid": {c: c for c in CHANNELS}, "fast": {"bm25": "bm25", "vector": "vector2"}}[mode]
+    lists = {name: [(cid, s) for cid, s, _ in row[cached]] for name, cached in names.items() if cached in row}
     terms: QueryTerms = row["terms"]
 
     def contains(chunk_ids: list[str]) -> np.ndarray:
@@ -117,8 +118,10 @@ def parse_overrides(pairs: list[str]) -> dict[str, float | str]:
     return out
 
 
-def configured(overrides: dict) -> RetrievalConfig:
-    config = RetrievalConfig()
+def configured(overrides: dict, fast: bool = False) -> RetrievalConfig:
+    """The defaults a search uses (of a USE-m3-only home when `fast`), with overrides."""
+    models = {"embedding_model": FAST_EMBEDDING, "second_model": ""} if fast else {}
+    config = RetrievalConfig.from_settings(Settings(home=OUT, **models))
     for key, value in overrides.items():
         if not hasattr(config, key):
             sys.exit(f"RetrievalConfig has no {key!r}")
@@ -133,16 +136,24 @@ def main() -> None:
     parser.add_argument("--model", default="e5-small")
     parser.add_argument("--set", nargs="*", default=[], help="RetrievalConfig overrides, key=value")
     parser.add_argument("--kinds", action="store_true", help="also per query kind (locomo category, semantic kind)")
+    parser.add_argument("--fast", action="store_true", help="also the fast mode (a USE-m3-only home: bm25 + USE)")
     args = parser.parse_args()
-    config = configured(parse_overrides(args.set))
-    print("| set | bm25 | vector | vector2 | hybrid | hybrid − best single |")
-    print("|---|---|---|---|---|---|")
+    overrides = parse_overrides(args.set)
+    config = configured(overrides)
+    fast = configured(overrides, fast=True)
+    fast_head = " fast | fast − best of its two |" * args.fast
+    print(f"| set | bm25 | vector | vector2 | hybrid | hybrid − best single |{fast_head}")
+    print(f"|---|---|---|---|---|---|{'---|---|' * args.fast}")
     for name in args.sets:
         cache = channel_cache(Path(args.shared), name, args.model)
         single = {m: evaluate(cache, config, m)["ndcg@10"] for m in CHANNELS}
         hybrid = evaluate(cache, config)["ndcg@10"]
-        print(f"| {name} | {single['bm25']:.3f} | {single['vector']:.3f} | {single['vector2']:.3f} | "
-              f"**{hybrid:.3f}** | {hybrid - max(single.values()):+.3f} |", flush=True)
+        line = (f"| {name} | {single['bm25']:.3f} | {single['vector']:.3f} | {single['vector2']:.3f} | "
+                f"**{hybrid:.3f}** | {hybrid - max(single.values()):+.3f} |")
+        if args.fast:
+            score = evaluate(cache, fast, "fast")["ndcg@10"]
+            line += f" {score:.3f} | {score - max(single['bm25'], single['vector2']):+.3f} |"
+        print(line, flush=True)
         if args.kinds and cache["kinds"]:
             for mode in (*CHANNELS, "hybrid"):
                 for kind, m in evaluate(cache, config, mode, by_kind=True).items():
