@@ -7,9 +7,10 @@ import re
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
 DEFAULT_EMBEDDING = "e5-small"
 FAST_EMBEDDING = "use-m3"
@@ -143,24 +144,94 @@ def check_memos_url(url: str, name: str) -> None:
                           f"(http or https, then a host), got {url!r}")
 
 
-@dataclass
-class RemoteEmbedding:
+class _Section(BaseModel):
+    """A config section: unknown keys are errors that list the known ones; values are checked by type (strict: a
+    quoted "false" is not a boolean, true is not a number)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def _default(section: type[_Section], key: str) -> Any:
+    """A key's default, read from its section: the model is the one place defaults are written."""
+    return section.model_fields[key].default
+
+
+class RemoteEmbedding(_Section):
     """[embedding] options of an `openai:<name>` model. The key is read from the environment when the model is built
     (EMBEDDING_API_KEY, else OPENAI_API_KEY), never stored here."""
 
     base_url: str = ""  # env EMBEDDING_BASE_URL wins; empty: https://api.openai.com/v1
-    dimensions: int | None = None  # folded into the model id (`openai:<name>@<dimensions>`): a change re-embeds
-    batch_size: int = 16  # texts per request
-    concurrency: int = 4  # requests in flight at once
-    max_retries: int = 3  # retries of a 429, 5xx, timeout or lost connection, with backoff (Retry-After honoured)
-    timeout: float = 60.0  # seconds per request
+    dimensions: int | None = Field(None, ge=1, le=65536)  # folded into the model id (`openai:<name>@<dimensions>`)
+    batch_size: int = Field(16, ge=1, le=2048)  # texts per request
+    concurrency: int = Field(4, ge=1, le=32)  # requests in flight at once
+    max_retries: int = Field(3, ge=0, le=20)  # retries of a 429, 5xx, timeout or lost connection, with backoff
+    timeout: float = Field(60.0, ge=0.05, le=600)  # seconds per request
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if value and not re.match(r"https?://[^\s/]", value):
+            raise ValueError("must be an http(s) URL")
+        return value.rstrip("/")
 
 
-class _Section(BaseModel):
-    """A config section: unknown keys are errors that list the known ones; values are checked by type (strict: a
-    quoted "false" is not a boolean)."""
+class EmbeddingSection(RemoteEmbedding):
+    """[embedding]: the dense model, an optional second channel, and the server options of an `openai:` model."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model: str = DEFAULT_EMBEDDING
+    second_model: str | None = None  # None: use-m3 beside e5-small (cheap, strong on paraphrase); "" turns it off
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        if not _is_embedding_model(value):
+            raise ValueError(f"must be {_MODEL_CHOICES}")
+        return value
+
+    @field_validator("second_model")
+    @classmethod
+    def _known_second_model(cls, value: str | None) -> str | None:
+        if value and not _is_embedding_model(value):
+            raise ValueError(f"must be {_MODEL_CHOICES}, or \"\" for none")
+        return value
+
+    @model_validator(mode="after")
+    def _dimensions_in_model_id(self) -> Self:
+        """`dimensions` becomes part of the model id (`openai:<name>@<dimensions>`), so changing it re-embeds."""
+        if self.dimensions is None:
+            return self
+        parts = remote_model(self.model)
+        if parts is None or parts[1] not in (None, self.dimensions):
+            raise ValueError("embedding.dimensions needs model = 'openai:<name>' (without another '@<dimensions>'), "
+                             f"got {self.model!r}")
+        self.model = f"{REMOTE_PREFIX}{parts[0]}@{self.dimensions}"
+        return self
+
+
+class ChunkingSection(_Section):
+    """[chunking]: heading/paragraph-aware chunks; long paragraphs are cut into overlapping windows."""
+
+    max_chars: int = Field(600, ge=100, le=8000)
+    overlap: int = Field(100, validate_default=True)  # checked even when only max_chars is set
+
+    @field_validator("overlap")
+    @classmethod
+    def _overlap_within_half(cls, value: int, info: ValidationInfo) -> int:
+        if "max_chars" not in info.data:  # max_chars itself is wrong: that error is the one reported
+            return value
+        half = info.data["max_chars"] // 2
+        if not 0 <= value <= half:
+            raise ValueError(f"must be a whole number from 0 to {half:,} (half of max_chars)")
+        return value
+
+
+class StoreSection(_Section):
+    url: str = ""  # a Chroma server (http://host:port; env BRAIN_STORE_URL and --store-url win); empty: the home
+
+
+class SyncSection(_Section):
+    lock_wait_seconds: float = Field(10.0, ge=0, le=3600)  # how long a sync waits for another one to finish
+    stale_seconds: float = Field(300.0, ge=1, le=30 * 86_400)  # shells without a watcher re-check older sources
 
 
 class LLMSection(_Section):
@@ -211,13 +282,13 @@ class CaptureSection(_Section):
 class Settings:
     home: Path
     sources: list[SourceSpec] = field(default_factory=list)
-    embedding_model: str = DEFAULT_EMBEDDING
-    second_model: str | None = None  # None: use-m3 beside e5-small (cheap, strong on paraphrase); "" turns it off
-    chunk_max_chars: int = 600
-    chunk_overlap: int = 100
-    store_url: str = ""
-    lock_wait_seconds: float = 10.0
-    stale_seconds: float = 300.0  # long-running shells without a watcher re-check sources older than this
+    embedding_model: str = _default(EmbeddingSection, "model")
+    second_model: str | None = _default(EmbeddingSection, "second_model")
+    chunk_max_chars: int = _default(ChunkingSection, "max_chars")
+    chunk_overlap: int = _default(ChunkingSection, "overlap")
+    store_url: str = _default(StoreSection, "url")
+    lock_wait_seconds: float = _default(SyncSection, "lock_wait_seconds")
+    stale_seconds: float = _default(SyncSection, "stale_seconds")
     retrieval: dict[str, Any] = field(default_factory=dict)
     llm: dict[str, Any] = field(default_factory=lambda: LLMSection().model_dump())
     mcp: dict[str, Any] = field(default_factory=lambda: MCPSection().model_dump())
@@ -265,14 +336,19 @@ def default_home() -> Path:
     return Path(user_data_dir("cflow-brain", appauthor=False))
 
 
+_MODEL_CHOICES = (f"{DEFAULT_EMBEDDING!r} (default), {FAST_EMBEDDING!r} (fast), 'hf:<local dir or model name>' or "
+                  "'openai:<name>' (an embeddings server)")
+
+
+def _is_embedding_model(model: str) -> bool:
+    return model in (DEFAULT_EMBEDDING, FAST_EMBEDDING) or (model.startswith("hf:") and len(model) > 3) \
+        or remote_model(model) is not None
+
+
 def validate_embedding_model(model: str) -> str:
-    if model in (DEFAULT_EMBEDDING, FAST_EMBEDDING) or (model.startswith("hf:") and len(model) > 3) \
-            or remote_model(model):
+    if _is_embedding_model(model):
         return model
-    raise ConfigError(
-        f"embedding.model must be {DEFAULT_EMBEDDING!r} (default), {FAST_EMBEDDING!r} (fast), "
-        f"'hf:<local dir or model name>' or 'openai:<name>' (an embeddings server), got {model!r}"
-    )
+    raise ConfigError(f"embedding.model must be {_MODEL_CHOICES}, got {model!r}")
 
 
 _REMOTE_MODEL = re.compile(re.escape(REMOTE_PREFIX) + r"(?P<name>[^\s@]\S*?)(?:@(?P<dims>[1-9][0-9]{0,5}))?")
@@ -312,7 +388,6 @@ def load_settings(home: str | os.PathLike[str] | None = None, store_url: str | N
             raise ConfigError(str(exc) if str(config_file) in str(exc) else f"{config_file}: {exc}") from None
     env_store = os.environ.get("BRAIN_STORE_URL")
     settings.store_url = store_url or env_store or settings.store_url
-    validate_embedding_model(settings.embedding_model)
     return settings
 
 
@@ -329,58 +404,72 @@ def _apply(settings: Settings, data: dict[str, Any], where: Path) -> None:
     names = [s.name for s in settings.sources]
     if len(names) != len(set(names)):
         raise ConfigError(f"{where}: two sources share a name: {names}")
-    embedding = data.get("embedding", {})
-    settings.embedding_model = str(embedding.get("model", settings.embedding_model))
-    settings.remote_embedding = _remote_embedding(embedding, where)
-    dimensions = settings.remote_embedding.dimensions
-    if dimensions is not None:
-        parts = remote_model(settings.embedding_model)
-        if parts is None or parts[1] not in (None, dimensions):
-            raise ConfigError(f"{where}: embedding.dimensions needs model = 'openai:<name>' (without another "
-                              f"'@<dimensions>'), got {settings.embedding_model!r}")
-        settings.embedding_model = f"{REMOTE_PREFIX}{parts[0]}@{dimensions}"
-    if "second_model" in embedding:
-        settings.second_model = str(embedding["second_model"] or "")
-        if settings.second_model:
-            validate_embedding_model(settings.second_model)
-    chunking = data.get("chunking", {})
-    settings.chunk_max_chars = _int(chunking, "max_chars", settings.chunk_max_chars, 100, 8000)
-    settings.chunk_overlap = _int(chunking, "overlap", settings.chunk_overlap, 0, settings.chunk_max_chars // 2)
-    settings.store_url = str(data.get("store", {}).get("url", "") or "")
-    sync = data.get("sync", {})
-    unknown_sync = set(sync) - {"lock_wait_seconds", "stale_seconds"}
-    if unknown_sync:
-        raise ConfigError(f"{where}: [sync] has no setting(s) {sorted(unknown_sync)}; known: lock_wait_seconds, "
-                          "stale_seconds")
-    settings.lock_wait_seconds = _number(sync, "sync.lock_wait_seconds", settings.lock_wait_seconds, 0.0, 3600.0)
-    settings.stale_seconds = _number(sync, "sync.stale_seconds", settings.stale_seconds, 1.0, 30 * 86_400.0)
+    embedding = _typed_section(EmbeddingSection, "embedding", data.get("embedding", {}), where)
+    settings.embedding_model, settings.second_model = embedding.model, embedding.second_model
+    settings.remote_embedding = RemoteEmbedding(**embedding.model_dump(include=set(RemoteEmbedding.model_fields)))
+    chunking = _typed_section(ChunkingSection, "chunking", data.get("chunking", {}), where)
+    settings.chunk_max_chars, settings.chunk_overlap = chunking.max_chars, chunking.overlap
+    settings.store_url = _typed_section(StoreSection, "store", data.get("store", {}), where).url
+    sync = _typed_section(SyncSection, "sync", data.get("sync", {}), where)
+    settings.lock_wait_seconds, settings.stale_seconds = sync.lock_wait_seconds, sync.stale_seconds
     settings.retrieval = _retrieval_section(data.get("retrieval", {}), where)
-    settings.llm = _typed_section(LLMSection, "llm", data.get("llm", {}), where)
-    settings.mcp = _typed_section(MCPSection, "mcp", data.get("mcp", {}), where)
-    settings.serve = _typed_section(ServeSection, "serve", data.get("serve", {}), where)
-    settings.capture = _typed_section(CaptureSection, "capture", data.get("capture", {}), where)
-    for section in ("store",):
-        unknown = set(data.get(section, {})) - {"url"}
-        if unknown:
-            raise ConfigError(f"{where}: [{section}] has no setting(s) {sorted(unknown)}; known: url")
+    settings.llm = _typed_section(LLMSection, "llm", data.get("llm", {}), where).model_dump()
+    settings.mcp = _typed_section(MCPSection, "mcp", data.get("mcp", {}), where).model_dump()
+    settings.serve = _typed_section(ServeSection, "serve", data.get("serve", {}), where).model_dump()
+    settings.capture = _typed_section(CaptureSection, "capture", data.get("capture", {}), where).model_dump()
 
 
-def _typed_section(model: type[_Section], name: str, data: object, where: Path) -> dict[str, Any]:
+_AnySection = TypeVar("_AnySection", bound=_Section)
+
+
+def _typed_section(model: type[_AnySection], name: str, data: object, where: Path) -> _AnySection:
     """The section validated, with every default filled in (the defaults live in the model, nowhere else)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: [{name}] must be a table")
     try:
-        return model(**data).model_dump()
+        return model(**data)
     except ValidationError as exc:
         raise ConfigError(f"{where}: {_first_problem(exc, name, model)}") from None
 
 
 def _first_problem(exc: ValidationError, name: str, model: type[_Section]) -> str:
-    error = exc.errors()[0]
+    """One line naming `section.key`: unknown keys first (all of them, beside the known ones), else the first bad
+    value, a number described by its whole range."""
+    errors = exc.errors()
+    unknown = [repr(error["loc"][0]) for error in errors if error["type"] == "extra_forbidden"]
+    if unknown:
+        return f"[{name}] has no setting {', '.join(unknown)}; known: {', '.join(sorted(model.model_fields))}"
+    error = errors[0]
+    if not error["loc"]:  # a rule across keys: its message names them
+        return str(error["ctx"]["error"])
     key = ".".join(str(part) for part in error["loc"])
-    if error["type"] == "extra_forbidden":
-        return f"[{name}] has no setting {key!r}; known: {', '.join(sorted(model.model_fields))}"
-    return f"{name}.{key}: {error['msg'].lower()}, got {error.get('input')!r}"
+    if error["type"] == "value_error":
+        problem = str(error["ctx"]["error"])
+    else:
+        field = model.model_fields.get(key)
+        rule = _number_rule(field) if field is not None else ""
+        problem = f"must be {rule}" if rule else error["msg"].lower()
+    return f"{name}.{key}: {problem}, got {error.get('input')!r}"
+
+
+def _number_rule(field: FieldInfo) -> str:
+    """What a number key accepts, e.g. 'a whole number from 1 to 32' ('' for a key that is not a number)."""
+    kinds = set(get_args(field.annotation) or (field.annotation,)) - {type(None)}
+    if kinds not in ({int}, {float}):
+        return ""
+    kind = "a whole number" if kinds == {int} else "a number"
+    limits = {name: getattr(item, name) for item in field.metadata for name in ("ge", "gt", "le", "lt")
+              if hasattr(item, name)}
+    if "ge" in limits and "le" in limits:
+        return f"{kind} from {_shown(limits['ge'])} to {_shown(limits['le'])}"
+    words = {"ge": "at least", "gt": "above", "le": "at most", "lt": "below"}
+    said = [f"{words[name]} {_shown(limit)}" for name, limit in limits.items()]
+    return f"{kind} ({' and '.join(said)})" if said else kind
+
+
+def _shown(number: float) -> str:
+    """3600 → '3,600', 0.05 → '0.05'."""
+    return f"{int(number):,}" if float(number).is_integer() else f"{number:g}"
 
 
 def _retrieval_section(data: object, where: Path) -> dict[str, Any]:
@@ -400,51 +489,3 @@ def _retrieval_section(data: object, where: Path) -> dict[str, Any]:
         if isinstance(value, bool) != (kind is bool) or not isinstance(value, int | float if kind is float else kind):
             raise ConfigError(f"{where}: retrieval.{key} must be {kind.__name__}, got {value!r}")
     return dict(data)
-
-
-_EMBEDDING_KEYS = {"model", "second_model", "base_url", "dimensions", "batch_size", "concurrency", "max_retries",
-                   "timeout"}
-
-
-def _remote_embedding(section: dict[str, Any], where: Path) -> RemoteEmbedding:
-    """The options of an `openai:` model in [embedding], each checked (a typo must not pass silently)."""
-    unknown = set(section) - _EMBEDDING_KEYS
-    if unknown:
-        raise ConfigError(f"{where}: [embedding] has no setting(s) {sorted(unknown)}; known: {sorted(_EMBEDDING_KEYS)}")
-    base_url = section.get("base_url", "")
-    if not isinstance(base_url, str) or (base_url and not re.match(r"https?://[^\s/]", base_url)):
-        raise ConfigError(f"{where}: embedding.base_url must be an http(s) URL, got {base_url!r}")
-    defaults = RemoteEmbedding()
-
-    def number(key: str, kind: type, low: float, high: float) -> Any:
-        value = section.get(key, getattr(defaults, key))
-        if value is None and key == "dimensions":
-            return None
-        wrong_kind = isinstance(value, bool) or not isinstance(value, int if kind is int else int | float)
-        if wrong_kind or not low <= value <= high:
-            what = "a whole number" if kind is int else "a number"
-            raise ConfigError(f"{where}: embedding.{key} must be {what} from {low:g} to {high:g}, got {value!r}")
-        return kind(value)
-
-    return RemoteEmbedding(
-        base_url=base_url.rstrip("/"),
-        dimensions=number("dimensions", int, 1, 65536),
-        batch_size=number("batch_size", int, 1, 2048),
-        concurrency=number("concurrency", int, 1, 32),
-        max_retries=number("max_retries", int, 0, 20),
-        timeout=number("timeout", float, 0.05, 600.0),
-    )
-
-
-def _number(section: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
-    value = section.get(name.split(".")[-1], default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise ConfigError(f"{name} must be a number from {low:,.0f} to {high:,.0f}, got {value!r}")
-    return float(value)
-
-
-def _int(section: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
-    value = section.get(key, default)
-    if not isinstance(value, int) or not low <= value <= high:
-        raise ConfigError(f"chunking.{key} must be an integer from {low} to {high}, got {value!r}")
-    return value

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rag_app.config import ConfigError, load_settings
+from rag_app.config import ConfigError, RemoteEmbedding, load_settings
 
 
 def settings_from(tmp_path: Path, text: str):
@@ -19,13 +19,13 @@ def settings_from(tmp_path: Path, text: str):
     ('[retrieval]\nrrf_k = "3"\n', "retrieval.rrf_k must be int, got '3'"),
     ("[retrieval]\nrrf_k = true\n", "retrieval.rrf_k must be int, got True"),
     ('[llm]\nmodle = "qwen"\n', "[llm] has no setting 'modle'; known: base_url, budget_chars,"),
-    ("[llm]\ntimeout = -1\n", "llm.timeout: input should be greater than 0, got -1"),
+    ("[llm]\ntimeout = -1\n", "llm.timeout: must be a number (above 0 and at most 3,600), got -1"),
     ('[mcp]\nallow_private = "false"\n', "mcp.allow_private: input should be a valid boolean, got 'false'"),
     ("[serve]\nobsidian = 1\n", "serve.obsidian: input should be a valid boolean, got 1"),
-    ('[store]\nurll = "http://x"\n', "[store] has no setting(s) ['urll']; known: url"),
-    ("[sync]\nstale = 3\n", "[sync] has no setting(s) ['stale']"),
-    ("[sync]\nstale_seconds = 0\n", "sync.stale_seconds must be a number from 1 to"),
-    ("[chunking]\nmax_chars = 50\n", "chunking.max_chars must be an integer from 100 to 8000"),
+    ('[store]\nurll = "http://x"\n', "[store] has no setting 'urll'; known: url"),
+    ("[sync]\nstale = 3\n", "[sync] has no setting 'stale'; known: lock_wait_seconds, stale_seconds"),
+    ("[sync]\nstale_seconds = 0\n", "sync.stale_seconds: must be a number from 1 to 2,592,000, got 0"),
+    ("[chunking]\nmax_chars = 50\n", "chunking.max_chars: must be a whole number from 100 to 8,000, got 50"),
     ("[bogus]\n", "unknown section(s) ['bogus']"),
 ])
 def test_a_wrong_key_or_value_is_refused_when_the_config_is_read(tmp_path: Path, text: str, says: str):
@@ -47,3 +47,130 @@ def test_no_config_file_means_every_default(tmp_path: Path):
     settings = load_settings(tmp_path)
     assert settings.models == ["e5-small", "use-m3"] and settings.sources == []
     assert settings.llm["budget_chars"] == 12_000 and settings.mcp["allow_private"] is False
+
+
+# --- [embedding], [chunking], [store], [sync]: strict sections like the others, defaults in their models ---
+
+EMBEDDING_KEYS = "base_url, batch_size, concurrency, dimensions, max_retries, model, second_model, timeout"
+
+
+def refusal(tmp_path: Path, text: str) -> str:
+    """The whole error line of a refused config: it starts with the file."""
+    with pytest.raises(ConfigError) as caught:
+        settings_from(tmp_path, text)
+    message = str(caught.value)
+    assert message.startswith(f"{tmp_path / 'config.toml'}: "), message
+    return message.removeprefix(f"{tmp_path / 'config.toml'}: ")
+
+
+def test_good_values_of_the_embedding_chunking_store_and_sync_sections_are_read(tmp_path: Path):
+    settings = settings_from(tmp_path, """
+[embedding]
+model = "openai:text-embedding-3-small"
+second_model = "use-m3"
+base_url = "http://127.0.0.1:8080/v1/"
+dimensions = 512
+batch_size = 64
+concurrency = 8
+max_retries = 0
+timeout = 5
+[chunking]
+max_chars = 1000
+overlap = 500
+[store]
+url = "http://127.0.0.1:8000"
+[sync]
+lock_wait_seconds = 0
+stale_seconds = 60
+""")
+    assert settings.embedding_model == "openai:text-embedding-3-small@512"  # dimensions are part of the model id
+    assert settings.models == ["openai:text-embedding-3-small@512", "use-m3"]
+    remote = settings.remote_embedding
+    assert isinstance(remote, RemoteEmbedding)
+    assert (remote.base_url, remote.dimensions, remote.batch_size, remote.concurrency, remote.max_retries) == \
+        ("http://127.0.0.1:8080/v1", 512, 64, 8, 0)
+    assert remote.timeout == 5.0 and isinstance(remote.timeout, float)
+    assert (settings.chunk_max_chars, settings.chunk_overlap) == (1000, 500)
+    assert settings.store_url == "http://127.0.0.1:8000"
+    assert (settings.lock_wait_seconds, settings.stale_seconds) == (0.0, 60.0)
+    assert all(isinstance(value, float) for value in (settings.lock_wait_seconds, settings.stale_seconds))
+
+
+def test_without_these_sections_every_default_comes_from_the_section_models(tmp_path: Path):
+    settings = settings_from(tmp_path, "[embedding]\n[chunking]\n[store]\n[sync]\n")
+    assert (settings.embedding_model, settings.second_model) == ("e5-small", None)
+    assert settings.remote_embedding == RemoteEmbedding()
+    assert (settings.remote_embedding.batch_size, settings.remote_embedding.timeout) == (16, 60.0)
+    assert (settings.chunk_max_chars, settings.chunk_overlap, settings.store_url) == (600, 100, "")
+    assert (settings.lock_wait_seconds, settings.stale_seconds) == (10.0, 300.0)
+    assert load_settings(tmp_path / "no-config").chunk_overlap == 100
+
+
+@pytest.mark.parametrize("text", [
+    "[embedding]\ndimensions = 1\nmodel = 'openai:m'\n", "[embedding]\ndimensions = 65536\nmodel = 'openai:m'\n",
+    "[embedding]\nbatch_size = 1\nconcurrency = 1\nmax_retries = 0\ntimeout = 0.05\n",
+    "[embedding]\nbatch_size = 2048\nconcurrency = 32\nmax_retries = 20\ntimeout = 600\n",
+    "[embedding]\nmodel = 'hf:/models/minilm'\nsecond_model = ''\n",
+    "[embedding]\nmodel = 'openai:m@256'\ndimensions = 256\n",
+    "[chunking]\nmax_chars = 100\noverlap = 50\n", "[chunking]\nmax_chars = 8000\noverlap = 4000\n",
+    "[chunking]\noverlap = 0\n",
+    "[store]\nurl = ''\n",
+    "[sync]\nlock_wait_seconds = 3600\nstale_seconds = 1\n",
+    "[sync]\nlock_wait_seconds = 0.5\nstale_seconds = 2592000\n",
+])
+def test_the_ends_of_every_range_are_accepted(tmp_path: Path, text: str):
+    settings_from(tmp_path, text)
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    # a value of the wrong type names the key, even where Python would take it (a bool is not a number)
+    ('[embedding]\nbatch_size = "16"\n', "embedding.batch_size: must be a whole number from 1 to 2,048, got '16'"),
+    ("[embedding]\ntimeout = true\n", "embedding.timeout: must be a number from 0.05 to 600, got True"),
+    ("[embedding]\ndimensions = 64.0\nmodel = 'openai:m'\n",
+     "embedding.dimensions: must be a whole number from 1 to 65,536, got 64.0"),
+    ("[embedding]\nbase_url = 8080\n", "embedding.base_url: input should be a valid string, got 8080"),
+    ("[embedding]\nmodel = 5\n", "embedding.model: input should be a valid string, got 5"),
+    ("[embedding]\nsecond_model = false\n", "embedding.second_model: input should be a valid string, got False"),
+    ("[chunking]\nmax_chars = 600.0\n", "chunking.max_chars: must be a whole number from 100 to 8,000, got 600.0"),
+    ("[chunking]\noverlap = true\n", "chunking.overlap: must be a whole number, got True"),
+    ("[store]\nurl = 8000\n", "store.url: input should be a valid string, got 8000"),
+    ('[sync]\nlock_wait_seconds = "10"\n', "sync.lock_wait_seconds: must be a number from 0 to 3,600, got '10'"),
+    ("[sync]\nstale_seconds = false\n", "sync.stale_seconds: must be a number from 1 to 2,592,000, got False"),
+    ("sync = 5\n", "[sync] must be a table"),
+    # a number out of its range says the whole range
+    ("[embedding]\ndimensions = 0\nmodel = 'openai:m'\n",
+     "embedding.dimensions: must be a whole number from 1 to 65,536, got 0"),
+    ("[embedding]\ndimensions = 65537\nmodel = 'openai:m'\n",
+     "embedding.dimensions: must be a whole number from 1 to 65,536, got 65537"),
+    ("[embedding]\nbatch_size = 2049\n", "embedding.batch_size: must be a whole number from 1 to 2,048, got 2049"),
+    ("[embedding]\nconcurrency = 33\n", "embedding.concurrency: must be a whole number from 1 to 32, got 33"),
+    ("[embedding]\nmax_retries = -1\n", "embedding.max_retries: must be a whole number from 0 to 20, got -1"),
+    ("[embedding]\ntimeout = 0.01\n", "embedding.timeout: must be a number from 0.05 to 600, got 0.01"),
+    ("[embedding]\ntimeout = nan\n", "embedding.timeout: must be a number from 0.05 to 600, got nan"),
+    ("[chunking]\nmax_chars = 8001\n", "chunking.max_chars: must be a whole number from 100 to 8,000, got 8001"),
+    ("[chunking]\noverlap = 301\n",
+     "chunking.overlap: must be a whole number from 0 to 300 (half of max_chars), got 301"),
+    ("[chunking]\noverlap = -1\n",
+     "chunking.overlap: must be a whole number from 0 to 300 (half of max_chars), got -1"),
+    ("[chunking]\nmax_chars = 150\n",  # the default overlap (100) is more than half of 150
+     "chunking.overlap: must be a whole number from 0 to 75 (half of max_chars), got 100"),
+    ("[sync]\nlock_wait_seconds = 3601\n", "sync.lock_wait_seconds: must be a number from 0 to 3,600, got 3601"),
+    ("[sync]\nlock_wait_seconds = -inf\n", "sync.lock_wait_seconds: must be a number from 0 to 3,600, got -inf"),
+    ("[sync]\nstale_seconds = 2592001\n", "sync.stale_seconds: must be a number from 1 to 2,592,000, got 2592001"),
+    # the value's meaning is checked too
+    ('[embedding]\nbase_url = "127.0.0.1:8080"\n', "embedding.base_url: must be an http(s) URL, got '127.0.0.1:8080'"),
+    ('[embedding]\nsecond_model = "bert"\n', "embedding.second_model: must be 'e5-small' (default), 'use-m3' (fast), "
+     "'hf:<local dir or model name>' or 'openai:<name>' (an embeddings server), or \"\" for none, got 'bert'"),
+    ("[embedding]\nmodel = 'openai:m@128'\ndimensions = 64\n",
+     "embedding.dimensions needs model = 'openai:<name>' (without another '@<dimensions>'), got 'openai:m@128'"),
+    # unknown keys: every one of them, beside the known ones
+    ('[embedding]\nbaseurl = "http://x"\n', f"[embedding] has no setting 'baseurl'; known: {EMBEDDING_KEYS}"),
+    ("[chunking]\nsize = 500\noverlap = 50\n", "[chunking] has no setting 'size'; known: max_chars, overlap"),
+    ('[store]\nhost = "127.0.0.1"\n', "[store] has no setting 'host'; known: url"),
+    ("[sync]\nstale = 3\nlock_wait = 1\n", "[sync] has no setting 'stale', 'lock_wait'; known: lock_wait_seconds, "
+     "stale_seconds"),
+    ("[sync]\nstale = 3\nlock_wait_seconds = -1\n", "[sync] has no setting 'stale'; known: lock_wait_seconds, "
+     "stale_seconds"),  # a misspelt key is reported before a bad value
+])
+def test_the_embedding_chunking_store_and_sync_sections_refuse_with_the_key_named(tmp_path: Path, text: str, says: str):
+    assert refusal(tmp_path, text) == says

@@ -244,10 +244,10 @@ def test_the_second_dense_channel_is_off_beside_a_remote_model_unless_configured
 
 
 @pytest.mark.parametrize(("extra", "message"), [
-    ("concurrency = 0\n", "embedding.concurrency must be a whole number from 1 to 32"),
-    ("batch_size = 8.5\n", "embedding.batch_size must be a whole number"),
-    ('base_url = "127.0.0.1:8080"\n', "embedding.base_url must be an http(s) URL"),
-    ("base_ur = 1\n", "[embedding] has no setting(s) ['base_ur']"),
+    ("concurrency = 0\n", "embedding.concurrency: must be a whole number from 1 to 32, got 0"),
+    ("batch_size = 8.5\n", "embedding.batch_size: must be a whole number from 1 to 2,048, got 8.5"),
+    ('base_url = "127.0.0.1:8080"\n', "embedding.base_url: must be an http(s) URL, got '127.0.0.1:8080'"),
+    ("base_ur = 1\n", "[embedding] has no setting 'base_ur'; known: base_url, batch_size, concurrency,"),
     ('dimensions = 64\nmodel = "e5-small"\n', "embedding.dimensions needs model = 'openai:<name>'"),
 ])
 def test_bad_remote_options_are_clear_config_errors(tmp_path, extra, message):
