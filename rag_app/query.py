@@ -33,7 +33,9 @@ class RetrievalConfig:
     chunks_per_note: int = 3
     num_queries: int = 1
     coverage_power: float = 1.0
-    lead_gap: float = 3.0  # BM25's best chunk keeps first place when it covers the query and stands this far above
+    vector_floor: float = 0.5  # e5's say when BM25 covers none of the query (all of it at full coverage)
+    lead_idf: float = 3.0  # BM25's best chunk goes first over chunks lacking query words it has worth this IDF ...
+    lead_coverage: float = 0.5  # ... when it covers at least this share of the query (lead_idf = 0: off)
 
     @staticmethod
     def from_settings(settings: Settings) -> RetrievalConfig:

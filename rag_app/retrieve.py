@@ -349,6 +349,10 @@ def channel_weight(name: str, scores: list[float] | None, coverage: float | None
         weight *= coverage**config.coverage_power
     elif name == gated_channel(config) and coverage is not None:
         weight *= (1.0 - coverage) ** config.second_gate
+    elif name == "vector" and coverage is not None:
+        # e5 is strong where the words match and weak where BM25 finds nothing (cross-language, paraphrase: USE's
+        # ground), so its say shrinks with BM25's coverage, to `vector_floor` of it at none
+        weight *= config.vector_floor + (1.0 - config.vector_floor) * coverage**0.5
     return weight
 
 
@@ -384,30 +388,31 @@ def fuse_query(lists: Lists, terms: QueryTerms | None, contains: Contains, confi
             weights_out[name] = weight
         for rank, (chunk_id, _) in enumerate(hits):
             fused[chunk_id] = fused.get(chunk_id, 0.0) + weight / (config.rrf_k + rank + 1)
-    if config.fusion == "adaptive" and len(lists) > 1 and coverage and config.lexical_weight:
+    if config.fusion != "adaptive" or not coverage or len(lists) < 2:
+        return fused
+    if config.lexical_weight:
         # BM25's *rank* is a weak signal among same-topic notes that all contain the query's words (it then orders
         # by term counts and length); whether a note has the words at all is a strong one. Scaled by how well the
         # best chunk covers the query, so a query the notes never phrase that way is left to the dense channels.
         scale = config.lexical_weight / total * coverage / (config.rrf_k + 1)
         for chunk_id, share in shares(terms, contains, candidates or list(fused)).items():
             fused[chunk_id] = fused.get(chunk_id, 0.0) + scale * share
-    if config.fusion == "adaptive" and config.lead_gap and coverage is not None and coverage >= 1.0 - 1e-9:
-        # A reading-comprehension question names its paragraph's rare words: when BM25's best chunk has every
-        # content word and no other chunk comes close, its lead is the strongest evidence there is (drcd_dev).
-        hits = lists["bm25"]
-        if lead_gap([s for _, s in hits]) >= config.lead_gap:
-            top = hits[0][0]
-            rival = max((v for c, v in fused.items() if c != top), default=0.0)
-            fused[top] = max(fused[top], rival * (1 + 1e-6) + 1e-9)
+    if config.lead_idf and coverage >= config.lead_coverage:
+        keep_lead(fused, lists["bm25"][0][0], terms, contains, config.lead_idf)
     return fused
 
 
-def lead_gap(scores: list[float]) -> float:
-    """How far BM25's best score stands above its second, in standard deviations of the rest of the list."""
-    if len(scores) < 3:
-        return float("inf") if len(scores) == 1 else 0.0
-    values = np.asarray(scores, dtype=np.float64)
-    return float((values[0] - values[1]) / (values[1:].std() or 1e-6))
+def keep_lead(fused: dict[str, float], top: str, terms: QueryTerms | None, contains: Contains, min_idf: float) -> None:
+    """BM25's best chunk goes first when every chunk fused above it lacks query words it has, worth `min_idf` of
+    IDF or more (net of words they have and it lacks): a reading-comprehension question names its paragraph's rare
+    words, and a neighbour the dense channels prefer that lacks one is the wrong paragraph (drcd_dev). Neighbours
+    with the same words, or lacking only a common one (rgb_zh_dev's "时间"), are left to the dense channels."""
+    above = [c for c, v in fused.items() if v > fused.get(top, 0.0)]
+    if terms is None or top not in fused or not above:
+        return
+    has = contains([top, *above]).astype(np.float64) * terms.weights()
+    if np.all((has[0] - has[1:]).sum(axis=1) >= min_idf):
+        fused[top] = max(fused[c] for c in above) * (1 + 1e-6) + 1e-9
 
 
 class NoteFusionRetriever(QueryFusionRetriever):

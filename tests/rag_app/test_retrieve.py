@@ -23,6 +23,8 @@ from rag_app.retrieve import (
     QueryTerms,
     SearchIndex,
     bm25_coverage,
+    channel_weight,
+    confidence,
     excerpt,
     fuse_query,
 )
@@ -311,24 +313,44 @@ def bm25_list(top: float, rest: list[float]) -> list[tuple[str, float]]:
     return [("answer", top), *((f"other-{i}", s) for i, s in enumerate(rest))]
 
 
-def test_a_bm25_top_hit_covering_the_query_far_above_the_rest_keeps_its_lead():
-    tokens = ["梵语", "语法", "规范"]
-    table = {"answer": set(tokens), "other-0": set(tokens), **{f"other-{i}": {"梵语"} for i in range(1, 30)}}
-    terms, contains = crafted(tokens, table)
-    dense = [("other-0", 0.92), ("other-1", 0.91), ("answer", 0.90), *((f"other-{i}", 0.8) for i in range(2, 30))]
+def test_bm25s_best_chunk_goes_first_over_chunks_that_lack_a_rare_word_it_has():
+    """drcd_dev: the question names its paragraph's rare words; neighbours the dense channels prefer lack some."""
+    tokens = ["波你尼", "梵语", "语法", "规范"]
+    table = {"answer": set(tokens), "neighbour": {"梵语", "语法", "规范"}, "twin": set(tokens),
+             "near": {"波你尼", "梵语", "语法"}, **{f"other-{i}": {"梵语"} for i in range(2, 30)}}
+    terms, contains = crafted(tokens, table)  # every word at IDF 3 ...
+    terms.idfs[tokens.index("规范")] = 1.0  # ... but 规范, which a tenth of the chunks have
+    bm25 = [("answer", 14.0), ("twin", 13.9), *((f"other-{i}", 13.8 - 0.1 * i) for i in range(2, 30))]
     config = RetrievalConfig()
 
-    def first(bm25: list[tuple[str, float]], vector: list[tuple[str, float]] = dense) -> str:
-        fused = fuse_query({"bm25": bm25, "vector": vector}, terms, contains, config)
+    def first(dense_first: str, bm25_hits: list[tuple[str, float]] = bm25) -> str:
+        others = [(f"other-{i}", 0.8 - 0.001 * i) for i in range(2, 30)]
+        dense = [(dense_first, 0.95), *others[:12], ("answer", 0.78), *others[12:]]
+        fused = fuse_query({"bm25": bm25_hits, "vector": dense, "vector2": dense}, terms, contains, config)
         return max(fused, key=fused.get)
 
-    clear_lead = bm25_list(30.0, [12.0 - 0.1 * i for i in range(29)])
-    assert first(clear_lead) == "answer"
-    # same-topic neighbours that score about as high (rgb_zh_dev): BM25's order is noise, the dense choice stands
-    assert first(bm25_list(12.2, [12.0 - 0.1 * i for i in range(29)])) == "other-0"
-    # a top hit that misses a content word does not keep its lead, however far above it stands
-    table["answer"] = {"梵语", "语法"}
-    assert first(clear_lead) == "other-0"
+    assert first("neighbour") == "answer"  # lacks 波你尼 (IDF 3): BM25's best leads
+    assert first("near") == "near"  # lacks only the common 规范: the dense channels decide
+    assert first("twin") == "twin"  # a same-topic twin with every word: no lexical reason to overrule them
+    # a BM25 list whose best chunk covers under half the query has no lead to keep, even over a chunk with none
+    weak = [("other-2", 9.0), *((f"other-{i}", 8.0 - 0.1 * i) for i in range(3, 30))]
+    assert first("stranger", weak) == "stranger"
+    config.lead_coverage = 0.2
+    assert first("stranger", weak) == "other-2"
+    config.lead_coverage, config.lead_idf = RetrievalConfig.lead_coverage, 0.0
+    assert first("neighbour") == "neighbour"  # the rule off: the dense channels' choice stands
+
+
+def test_e5s_say_shrinks_where_bm25_finds_nothing_and_uses_grows():
+    """Cross-language and paraphrase queries (BM25 coverage near 0) are USE's ground, not e5's (semantic_dev)."""
+    config, scores = RetrievalConfig(), [0.9, 0.5, 0.45, 0.4, 0.3]
+    e5 = {c: channel_weight("vector", scores, c, config) for c in (0.0, 0.25, 1.0)}
+    assert e5[0.0] == pytest.approx(0.5 * e5[1.0]) and e5[0.25] == pytest.approx(0.75 * e5[1.0])
+    assert channel_weight("vector2", scores, 0.0, config) > e5[0.0] and channel_weight("vector2", scores, 1.0,
+                                                                                         config) == 0.0
+    config.fast_only = True  # USE-m3 alone is the "vector" channel and the gated one: it keeps its full say
+    assert channel_weight("vector", scores, 0.0, config) == pytest.approx(config.second_weight * confidence(scores))
+    assert channel_weight("vector", scores, 0.0, config) > channel_weight("vector", scores, 0.5, config)
 
 
 def test_the_async_path_runs_the_same_gated_fusion(sample_brain):
