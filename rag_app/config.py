@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import tomllib
@@ -17,6 +18,7 @@ FAST_EMBEDDING = "use-m3"
 REMOTE_PREFIX = "openai:"  # `openai:<name>[@<dimensions>]`: any OpenAI-compatible /v1/embeddings server
 CONFIG_FILE = "config.toml"
 
+log = logging.getLogger("cflow_brain.config")
 
 class ConfigError(Exception):
     """The configuration is unusable; the message names the key and what is wrong."""
@@ -187,6 +189,12 @@ class EmbeddingSection(RemoteEmbedding):
         if not _is_embedding_model(value):
             raise ValueError(f"must be {_MODEL_CHOICES}")
         return value
+
+    @field_validator("second_model", mode="before")
+    @classmethod
+    def _false_means_none(cls, value: object) -> object:
+        """`second_model = false` reads as it is meant (no second channel), as it did before sections were typed."""
+        return "" if value is False else value
 
     @field_validator("second_model")
     @classmethod
@@ -472,8 +480,12 @@ def _shown(number: float) -> str:
     return f"{int(number):,}" if float(number).is_integer() else f"{number:g}"
 
 
+RETIRED_RETRIEVAL_KEYS = {"lead_gap": "replaced by lead_idf and lead_coverage (docs/retrieval.md)"}
+
+
 def _retrieval_section(data: object, where: Path) -> dict[str, Any]:
-    """[retrieval], checked against the fusion's own settings (rag_app.query.RetrievalConfig holds the defaults)."""
+    """[retrieval], checked against the fusion's own settings (rag_app.query.RetrievalConfig holds the defaults and
+    ranges). A retired key is ignored with a warning: an old tuning line must not make a home unusable."""
     from dataclasses import fields
 
     from rag_app.query import RetrievalConfig
@@ -481,11 +493,19 @@ def _retrieval_section(data: object, where: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: [retrieval] must be a table")
     defaults = RetrievalConfig()
-    known = {f.name: type(getattr(defaults, f.name)) for f in fields(RetrievalConfig)}
+    known = {f.name: (type(getattr(defaults, f.name)), f.metadata.get("range")) for f in fields(RetrievalConfig)}
+    kept: dict[str, Any] = {}
     for key, value in data.items():
+        if key in RETIRED_RETRIEVAL_KEYS:
+            log.warning("%s: retrieval.%s is ignored: %s", where, key, RETIRED_RETRIEVAL_KEYS[key])
+            continue
         if key not in known:
             raise ConfigError(f"{where}: [retrieval] has no setting {key!r}; known: {', '.join(sorted(known))}")
-        kind = known[key]
+        kind, bounds = known[key]
         if isinstance(value, bool) != (kind is bool) or not isinstance(value, int | float if kind is float else kind):
             raise ConfigError(f"{where}: retrieval.{key} must be {kind.__name__}, got {value!r}")
-    return dict(data)
+        if bounds is not None and not bounds[0] <= value <= bounds[1]:
+            top = "" if bounds[1] == float("inf") else f" and at most {bounds[1]:g}"
+            raise ConfigError(f"{where}: retrieval.{key} must be at least {bounds[0]:g}{top}, got {value!r}")
+        kept[key] = value
+    return kept

@@ -14,6 +14,7 @@ import os
 import re
 import sqlite3
 import threading
+import time
 import unicodedata
 import zlib
 from collections.abc import Iterable
@@ -152,8 +153,8 @@ def _write_frequencies(path: Path, frequencies: dict[str, int], total: int) -> N
 
 def _write_cache(path: Path, write: Any) -> None:
     """Write a cache file atomically (a partial file never has the final name) and drop the caches of other
-    dictionaries beside it (a jieba upgrade would otherwise leave ~18 MB behind each time); a read-only cache only
-    costs speed."""
+    dictionaries beside it (a jieba upgrade would otherwise leave ~18 MB behind each time) and partial files over an
+    hour old; a read-only cache only costs speed."""
     partial = path.with_suffix(f".{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -163,6 +164,9 @@ def _write_cache(path: Path, write: Any) -> None:
         for stale in path.parent.glob(f"jieba-*{path.suffix}"):
             if stale != path:
                 stale.unlink(missing_ok=True)
+        for orphan in path.parent.glob("jieba-*.tmp"):  # left by a process killed mid-write
+            if time.time() - orphan.stat().st_mtime > 3600:
+                orphan.unlink(missing_ok=True)
     except (OSError, sqlite3.Error):
         with contextlib.suppress(OSError):
             partial.unlink(missing_ok=True)

@@ -25,6 +25,9 @@ def refresh_keyword_index(settings: Settings, manifest: Manifest, force: bool = 
     stamp = keyword_stamp(manifest)
     current_tokens = manifest.get_meta("tokenizer_version") == TOKENIZER_VERSION
     if not force and current_tokens and _saved_stamp(settings, manifest) == stamp:
+        if manifest.get_meta("bm25_saved") is None:  # saved by an older version: record it, so status stops reading ids
+            saved = json.dumps({"stamp": stamp, "chunks": len(saved_keyword_ids(settings)[1])})
+            manifest.set_meta("bm25_saved", saved)
         return False
     index = KeywordIndex.build(load_keyword_rows(manifest, persist=True))
     index.save(settings.bm25_path, stamp)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rag_app.config import FAST_EMBEDDING, Settings
@@ -17,25 +17,33 @@ class SearchError(ValueError):
     """The query or its filters cannot be searched; the message says why."""
 
 
+def _in(low: float, high: float = float("inf")) -> dict[str, tuple[float, float]]:
+    """A setting's accepted range, checked when config.toml is read (rag_app.config)."""
+    return {"range": (low, high)}
+
+
 @dataclass
 class RetrievalConfig:
     """[retrieval] in config.toml. Defaults were tuned on the dev sets in ../shared/eval (docs/retrieval.md)."""
 
     fusion: str = "adaptive"
-    rrf_k: int = 7
-    bm25_weight: float = 0.25
-    vector_weight: float = 1.0
-    second_weight: float = 3.0
-    second_gate: float = 4.0
-    lexical_weight: float = 1.5
+    rrf_k: int = field(default=7, metadata=_in(0, 1000))
+    bm25_weight: float = field(default=0.25, metadata=_in(0))
+    vector_weight: float = field(default=1.0, metadata=_in(0))
+    second_weight: float = field(default=3.0, metadata=_in(0))
+    second_gate: float = field(default=4.0, metadata=_in(0))
+    lexical_weight: float = field(default=1.5, metadata=_in(0))
     fast_only: bool = False
-    candidates: int = 50
-    chunks_per_note: int = 3
-    num_queries: int = 1
-    coverage_power: float = 1.0
-    vector_floor: float = 0.5  # e5's say when BM25 covers none of the query (all of it at full coverage)
-    lead_idf: float = 3.0  # BM25's best chunk goes first over chunks lacking query words it has worth this IDF ...
-    lead_coverage: float = 0.5  # ... when it covers at least this share of the query (lead_idf = 0: off)
+    candidates: int = field(default=50, metadata=_in(1, 1000))
+    chunks_per_note: int = field(default=3, metadata=_in(1, 100))
+    num_queries: int = field(default=1, metadata=_in(1, 10))
+    coverage_power: float = field(default=1.0, metadata=_in(0, 10))
+    # e5's say when BM25 covers none of the query (all of it at full coverage)
+    vector_floor: float = field(default=0.5, metadata=_in(0, 1))
+    # BM25's best chunk goes first over chunks lacking query words it has worth this much IDF (0: off) ...
+    lead_idf: float = field(default=3.0, metadata=_in(0))
+    # ... when it covers at least this share of the query
+    lead_coverage: float = field(default=0.5, metadata=_in(0, 1))
 
     @staticmethod
     def from_settings(settings: Settings) -> RetrievalConfig:

@@ -18,6 +18,9 @@ def settings_from(tmp_path: Path, text: str):
     ("[retrieval]\nrrf_kk = 3\n", "[retrieval] has no setting 'rrf_kk'; known: "),
     ('[retrieval]\nrrf_k = "3"\n', "retrieval.rrf_k must be int, got '3'"),
     ("[retrieval]\nrrf_k = true\n", "retrieval.rrf_k must be int, got True"),
+    ("[retrieval]\nrrf_k = -1\n", "retrieval.rrf_k must be at least 0 and at most 1000, got -1"),
+    ("[retrieval]\nvector_floor = 1.5\n", "retrieval.vector_floor must be at least 0 and at most 1, got 1.5"),
+    ("[retrieval]\nlead_idf = -2\n", "retrieval.lead_idf must be at least 0, got -2"),
     ('[llm]\nmodle = "qwen"\n', "[llm] has no setting 'modle'; known: base_url, budget_chars,"),
     ("[llm]\ntimeout = -1\n", "llm.timeout: must be a number (above 0 and at most 3,600), got -1"),
     ('[mcp]\nallow_private = "false"\n', "mcp.allow_private: input should be a valid boolean, got 'false'"),
@@ -41,6 +44,20 @@ def test_defaults_live_in_one_place_and_fill_every_section(tmp_path: Path):
     assert settings.mcp == {"allow_private": False} and settings.serve == {"obsidian": False}
     assert settings.retrieval == {"rrf_k": 9, "bm25_weight": 1}  # the fusion's own defaults fill the rest
     assert (settings.lock_wait_seconds, settings.stale_seconds) == (10.0, 300.0)
+
+
+def test_a_retired_retrieval_key_is_ignored_with_a_warning_not_fatal(tmp_path: Path, caplog: pytest.LogCaptureFixture):
+    """`lead_gap` (one session old) was replaced by `lead_idf`/`lead_coverage`: a home that set it keeps working."""
+    with caplog.at_level("WARNING", logger="cflow_brain.config"):
+        settings = settings_from(tmp_path, "[retrieval]\nlead_gap = 3\nrrf_k = 9\n")
+    assert settings.retrieval == {"rrf_k": 9}
+    assert "retrieval.lead_gap is ignored: replaced by lead_idf and lead_coverage" in caplog.text
+
+
+def test_second_model_false_or_empty_turns_the_second_channel_off(tmp_path: Path):
+    assert settings_from(tmp_path, "[embedding]\nsecond_model = false\n").models == ["e5-small"]
+    assert settings_from(tmp_path, '[embedding]\nsecond_model = ""\n').models == ["e5-small"]
+    assert "embedding.second_model" in refusal(tmp_path, "[embedding]\nsecond_model = true\n")
 
 
 def test_no_config_file_means_every_default(tmp_path: Path):
@@ -130,7 +147,7 @@ def test_the_ends_of_every_range_are_accepted(tmp_path: Path, text: str):
      "embedding.dimensions: must be a whole number from 1 to 65,536, got 64.0"),
     ("[embedding]\nbase_url = 8080\n", "embedding.base_url: input should be a valid string, got 8080"),
     ("[embedding]\nmodel = 5\n", "embedding.model: input should be a valid string, got 5"),
-    ("[embedding]\nsecond_model = false\n", "embedding.second_model: input should be a valid string, got False"),
+    ("[embedding]\nsecond_model = 3\n", "embedding.second_model: input should be a valid string, got 3"),
     ("[chunking]\nmax_chars = 600.0\n", "chunking.max_chars: must be a whole number from 100 to 8,000, got 600.0"),
     ("[chunking]\noverlap = true\n", "chunking.overlap: must be a whole number, got True"),
     ("[store]\nurl = 8000\n", "store.url: input should be a valid string, got 8000"),

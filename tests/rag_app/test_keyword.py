@@ -52,11 +52,14 @@ def _tokenize_in_fresh_process(cache_home: Path, texts: int = 1, env: dict[str, 
 
 def test_jieba_dictionary_is_cached_per_user_and_damaged_caches_are_rebuilt(tmp_path: Path) -> None:
     folder = tmp_path / "cflow-brain"
-    older = write_files(folder, {"jieba-0.42.0-123-0badf00d.marshal": b"x", "jieba-0.42.0-123-0badf00d.sqlite": b"x"})
+    older = write_files(folder, {"jieba-0.42.0-123-0badf00d.marshal": b"x", "jieba-0.42.0-123-0badf00d.sqlite": b"x",
+                                 "jieba-0.42.1-9-0badf00d.77.tmp": b"x", "jieba-0.42.1-9-0badf00d.78.tmp": b"x"})
     folder.chmod(0o700)
+    os.utime(folder / "jieba-0.42.1-9-0badf00d.77.tmp", (1_000_000, 1_000_000))  # a day-old partial write
     first = _tokenize_in_fresh_process(tmp_path)
     assert first.startswith("dict ")  # no cache yet: the whole dictionary, and both caches are written
-    assert not list(older.glob("*0badf00d*"))  # another dictionary's caches go: upgrades leave nothing behind
+    # another dictionary's caches go (upgrades leave nothing behind), and so do old partial files, not fresh ones
+    assert [p.name for p in older.glob("*0badf00d*")] == ["jieba-0.42.1-9-0badf00d.78.tmp"]
     whole, lazy = next(folder.glob("jieba-*.marshal")), next(folder.glob("jieba-*.sqlite"))
     assert whole.stat().st_size > 1_000_000 and lazy.stat().st_size > 1_000_000
     assert folder.stat().st_mode & 0o077 == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -314,7 +315,10 @@ def test_a_bm25_index_saved_before_its_stamp_was_recorded_still_counts_as_comple
     assert Brain(home).status()["channels"]["bm25"] == {"chunks": 2, "complete": True}
     saved = (home / "bm25" / "ids.json").stat().st_mtime_ns
     Brain(home).sync(vaults=(str(vault),))
-    assert (home / "bm25" / "ids.json").stat().st_mtime_ns == saved
+    assert (home / "bm25" / "ids.json").stat().st_mtime_ns == saved  # not rebuilt, and now recorded:
+    manifest = Manifest(home / "index.sqlite")
+    assert json.loads(manifest.get_meta("bm25_saved") or "{}")["chunks"] == 2
+    manifest.close()
 
 # ---- Memos ---------------------------------------------------------------------------------------
 
