@@ -52,6 +52,8 @@ class RetrievalConfig:
             # USE-m3 alone is weak on plain lookups: it becomes the gated channel and BM25 leads (tuned on the dev sets)
             config.fast_only = True
             config.bm25_weight, config.second_weight, config.second_gate, config.lexical_weight = 0.5, 2.0, 4.0, 1.0
+        elif len(settings.models) == 1:
+            config.vector_floor = 1.0  # the floor hands e5's say to the second channel: without one, e5 keeps it
         for key, value in settings.retrieval.items():
             if not hasattr(config, key):
                 raise SearchError(f"[retrieval] has no setting {key!r}")

@@ -6,13 +6,14 @@ import datetime as dt
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
-from rag_app.config import load_settings
+from rag_app.config import Settings, load_settings
 from rag_app.engine import Brain, SearchError
 from rag_app.keyword import tokenize
 from rag_app.query import RetrievalConfig, parse_variants
@@ -348,6 +349,8 @@ def test_e5s_say_shrinks_where_bm25_finds_nothing_and_uses_grows():
     assert e5[0.0] == pytest.approx(0.5 * e5[1.0]) and e5[0.25] == pytest.approx(0.75 * e5[1.0])
     assert channel_weight("vector2", scores, 0.0, config) > e5[0.0] and channel_weight("vector2", scores, 1.0,
                                                                                          config) == 0.0
+    one_model = RetrievalConfig.from_settings(Settings(home=Path("."), second_model=""))
+    assert channel_weight("vector", scores, 0.0, one_model) == channel_weight("vector", scores, 1.0, one_model)
     config.fast_only = True  # USE-m3 alone is the "vector" channel and the gated one: it keeps its full say
     assert channel_weight("vector", scores, 0.0, config) == pytest.approx(config.second_weight * confidence(scores))
     assert channel_weight("vector", scores, 0.0, config) > channel_weight("vector", scores, 0.5, config)
