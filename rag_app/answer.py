@@ -353,8 +353,9 @@ def llm_answer(llm: Any, question: str, context: str, on_token: Callable[[str], 
     return "".join(pieces)
 
 
-CITATION_MARK = r"[\[\uff3b\u3010]\s*(?:\d{1,6}|\?)\s*[\]\uff3d\u3011]"  # [n] [?] and fullwidth forms
-_CITATION = re.compile(r"[\[\uff3b\u3010]\s*(\d{1,6})\s*[\]\uff3d\u3011]")
+_OPEN, _CLOSE = r"[\[\uff3b\u3010]", r"[\]\uff3d\u3011]"  # [n], and the fullwidth ［n］ 【n】 Chinese models write
+CITATION_MARK = _OPEN + r"\s*(?:\d{1,6}|\?)\s*" + _CLOSE  # [n] or [?]
+_CITATION = re.compile(_OPEN + r"\s*(\d{1,6})\s*" + _CLOSE)
 UNKNOWN_CITATION = "[?]"
 
 

@@ -8,7 +8,7 @@ import re
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Self, TypeVar, get_args
+from typing import Any, Literal, Self, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.fields import FieldInfo
@@ -19,6 +19,7 @@ REMOTE_PREFIX = "openai:"  # `openai:<name>[@<dimensions>]`: any OpenAI-compatib
 CONFIG_FILE = "config.toml"
 
 log = logging.getLogger("cflow_brain.config")
+
 
 class ConfigError(Exception):
     """The configuration is unusable; the message names the key and what is wrong."""
@@ -240,6 +241,27 @@ class StoreSection(_Section):
 class SyncSection(_Section):
     lock_wait_seconds: float = Field(10.0, ge=0, le=3600)  # how long a sync waits for another one to finish
     stale_seconds: float = Field(300.0, ge=1, le=30 * 86_400)  # shells without a watcher re-check older sources
+
+
+class RetrievalSection(_Section):
+    """[retrieval]: how the channels are fused. Defaults tuned on the dev sets in ../shared/eval (docs/retrieval.md);
+    rag_app.query.RetrievalConfig adds what a home's models change."""
+
+    fusion: Literal["adaptive", "rrf"] = "adaptive"
+    rrf_k: int = Field(7, ge=0, le=1000)
+    bm25_weight: float = Field(0.25, ge=0)
+    vector_weight: float = Field(1.0, ge=0)
+    second_weight: float = Field(3.0, ge=0)
+    second_gate: float = Field(4.0, ge=0)
+    lexical_weight: float = Field(1.5, ge=0)
+    fast_only: bool = False
+    candidates: int = Field(50, ge=1, le=1000)
+    chunks_per_note: int = Field(3, ge=1, le=100)
+    num_queries: int = Field(1, ge=1, le=10)
+    coverage_power: float = Field(1.0, ge=0, le=10)
+    vector_floor: float = Field(0.5, ge=0, le=1)  # e5's say when BM25 covers none of the query (all of it at full)
+    lead_idf: float = Field(3.0, ge=0)  # BM25's best chunk goes first over chunks lacking words it has worth this IDF
+    lead_coverage: float = Field(0.5, ge=0, le=1)  # ... when it covers at least this share of the query (0 idf: off)
 
 
 class LLMSection(_Section):
@@ -484,28 +506,10 @@ RETIRED_RETRIEVAL_KEYS = {"lead_gap": "replaced by lead_idf and lead_coverage (d
 
 
 def _retrieval_section(data: object, where: Path) -> dict[str, Any]:
-    """[retrieval], checked against the fusion's own settings (rag_app.query.RetrievalConfig holds the defaults and
-    ranges). A retired key is ignored with a warning: an old tuning line must not make a home unusable."""
-    from dataclasses import fields
-
-    from rag_app.query import RetrievalConfig
-
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where}: [retrieval] must be a table")
-    defaults = RetrievalConfig()
-    known = {f.name: (type(getattr(defaults, f.name)), f.metadata.get("range")) for f in fields(RetrievalConfig)}
-    kept: dict[str, Any] = {}
-    for key, value in data.items():
-        if key in RETIRED_RETRIEVAL_KEYS:
+    """The [retrieval] keys the file sets, validated like every section. A retired key is ignored with a warning: an
+    old tuning line must not make a home unusable."""
+    if isinstance(data, dict):
+        for key in RETIRED_RETRIEVAL_KEYS.keys() & data.keys():
             log.warning("%s: retrieval.%s is ignored: %s", where, key, RETIRED_RETRIEVAL_KEYS[key])
-            continue
-        if key not in known:
-            raise ConfigError(f"{where}: [retrieval] has no setting {key!r}; known: {', '.join(sorted(known))}")
-        kind, bounds = known[key]
-        if isinstance(value, bool) != (kind is bool) or not isinstance(value, int | float if kind is float else kind):
-            raise ConfigError(f"{where}: retrieval.{key} must be {kind.__name__}, got {value!r}")
-        if bounds is not None and not bounds[0] <= value <= bounds[1]:
-            top = "" if bounds[1] == float("inf") else f" and at most {bounds[1]:g}"
-            raise ConfigError(f"{where}: retrieval.{key} must be at least {bounds[0]:g}{top}, got {value!r}")
-        kept[key] = value
-    return kept
+        data = {k: v for k, v in data.items() if k not in RETIRED_RETRIEVAL_KEYS}
+    return _typed_section(RetrievalSection, "retrieval", data, where).model_dump(exclude_unset=True)

@@ -81,7 +81,7 @@ def inspect(settings: Settings, manifest: Manifest, client: Any) -> Findings:
     present = {collection.name: collection_ids(collection) for collection in _collections(client)}
     orphans = {name: sorted(ids - expected.get(name, set())) for name, ids in present.items()}
     missing = sorted(c for name, ids in expected.items() for c in ids - present.get(name, set()))
-    rows = {chunk_id for chunk_id, _, _ in manifest.note_attributes()}
+    rows = manifest.stored_chunk_ids()
     saved_stamp, bm25_ids = saved_keyword_ids(settings)
     stamp = keyword_stamp(manifest)
     problems = {

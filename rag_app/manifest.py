@@ -354,9 +354,9 @@ class Manifest:
             "SELECT n.chunk_ids, COALESCE(d.metadata, (SELECT c.metadata FROM chunks c WHERE c.note_id = n.note_id "
             "LIMIT 1), '{}') FROM notes n LEFT JOIN note_docs d ON d.note_id = n.note_id").fetchall()
 
-    def note_attributes(self) -> list[tuple[str, str, str]]:
-        """(chunk_id, note_id, metadata json) of every chunk: what filters look at."""
-        return self.db.execute("SELECT chunk_id, note_id, metadata FROM chunks").fetchall()
+    def stored_chunk_ids(self) -> set[str]:
+        """Every chunk id the chunk table holds (doctor compares them with the notes' own lists)."""
+        return {row[0] for row in self.db.execute("SELECT chunk_id FROM chunks")}
 
     def delete_chunks(self, chunk_ids: list[str]) -> None:
         """Delete chunk rows by id (rows no note owns any more: `brain doctor --repair`)."""

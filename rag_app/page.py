@@ -28,6 +28,7 @@ from starlette.middleware import Middleware  # noqa: E402
 from starlette.responses import JSONResponse  # noqa: E402
 from starlette.types import ASGIApp, Message, Receive, Scope, Send  # noqa: E402
 
+from rag_app.answer import cited_numbers  # noqa: E402
 from rag_app.engine import (  # noqa: E402
     Brain,
     ConfigError,
@@ -272,9 +273,6 @@ def sources_markdown(citations: list[dict[str, Any]], shown: set[int], obsidian:
     return "\n".join(out)
 
 
-_PLAIN_CITATION = re.compile(r"[\[\uff3b\u3010]\s*(\d{1,4})\s*[\]\uff3d\u3011]")
-
-
 def turn_markdown(turn: dict[str, Any], index: int, allowed: Iterable[str], obsidian: bool) -> str:
     """One answer as the chat shows it: the sanitised answer with its `[n]` linked (an extractive answer says itself
     why the LLM did not write it), the query a follow-up was condensed to, then the sources."""
@@ -287,7 +285,7 @@ def turn_markdown(turn: dict[str, Any], index: int, allowed: Iterable[str], obsi
     if citations:
         cited = coverage.get("cited") if turn.get("mode") == "llm" else None
         if cited is None:
-            cited = [int(n) for n in _PLAIN_CITATION.findall(str(turn.get("answer") or ""))]
+            cited = cited_numbers(str(turn.get("answer") or ""), max(c["n"] for c in citations))
         shown = shown_citations(citations, cited)
         parts.append(sources_markdown(citations, shown, obsidian, turn.get("mode") == "llm", index))
     return "\n\n".join(parts)

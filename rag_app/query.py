@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from rag_app.config import FAST_EMBEDDING, Settings
+from rag_app.config import FAST_EMBEDDING, RetrievalSection, Settings
 
 MAX_QUERY_CHARS = 2000
 VARIANT_LINE = re.compile(r"^\s*(?:[-*•]|\(?\d{1,2}[.、)）:：]|[（(]\d{1,2}[)）]|q\d+[:.]?)\s*", re.IGNORECASE)
@@ -17,33 +17,8 @@ class SearchError(ValueError):
     """The query or its filters cannot be searched; the message says why."""
 
 
-def _in(low: float, high: float = float("inf")) -> dict[str, tuple[float, float]]:
-    """A setting's accepted range, checked when config.toml is read (rag_app.config)."""
-    return {"range": (low, high)}
-
-
-@dataclass
-class RetrievalConfig:
-    """[retrieval] in config.toml. Defaults were tuned on the dev sets in ../shared/eval (docs/retrieval.md)."""
-
-    fusion: str = "adaptive"
-    rrf_k: int = field(default=7, metadata=_in(0, 1000))
-    bm25_weight: float = field(default=0.25, metadata=_in(0))
-    vector_weight: float = field(default=1.0, metadata=_in(0))
-    second_weight: float = field(default=3.0, metadata=_in(0))
-    second_gate: float = field(default=4.0, metadata=_in(0))
-    lexical_weight: float = field(default=1.5, metadata=_in(0))
-    fast_only: bool = False
-    candidates: int = field(default=50, metadata=_in(1, 1000))
-    chunks_per_note: int = field(default=3, metadata=_in(1, 100))
-    num_queries: int = field(default=1, metadata=_in(1, 10))
-    coverage_power: float = field(default=1.0, metadata=_in(0, 10))
-    # e5's say when BM25 covers none of the query (all of it at full coverage)
-    vector_floor: float = field(default=0.5, metadata=_in(0, 1))
-    # BM25's best chunk goes first over chunks lacking query words it has worth this much IDF (0: off) ...
-    lead_idf: float = field(default=3.0, metadata=_in(0))
-    # ... when it covers at least this share of the query
-    lead_coverage: float = field(default=0.5, metadata=_in(0, 1))
+class RetrievalConfig(RetrievalSection):
+    """The fusion's settings for one home: [retrieval] as written, over defaults that depend on its models."""
 
     @staticmethod
     def from_settings(settings: Settings) -> RetrievalConfig:
@@ -54,12 +29,8 @@ class RetrievalConfig:
             config.bm25_weight, config.second_weight, config.second_gate, config.lexical_weight = 0.5, 2.0, 4.0, 1.0
         elif len(settings.models) == 1:
             config.vector_floor = 1.0  # the floor hands e5's say to the second channel: without one, e5 keeps it
-        for key, value in settings.retrieval.items():
-            if not hasattr(config, key):
-                raise SearchError(f"[retrieval] has no setting {key!r}")
-            setattr(config, key, type(getattr(config, key))(value))
-        if config.fusion not in ("adaptive", "rrf"):
-            raise SearchError(f"retrieval.fusion must be 'adaptive' or 'rrf', got {config.fusion!r}")
+        for key, value in settings.retrieval.items():  # validated when config.toml was read
+            setattr(config, key, value)
         return config
 
 

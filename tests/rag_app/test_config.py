@@ -16,11 +16,12 @@ def settings_from(tmp_path: Path, text: str):
 
 @pytest.mark.parametrize(("text", "says"), [
     ("[retrieval]\nrrf_kk = 3\n", "[retrieval] has no setting 'rrf_kk'; known: "),
-    ('[retrieval]\nrrf_k = "3"\n', "retrieval.rrf_k must be int, got '3'"),
-    ("[retrieval]\nrrf_k = true\n", "retrieval.rrf_k must be int, got True"),
-    ("[retrieval]\nrrf_k = -1\n", "retrieval.rrf_k must be at least 0 and at most 1000, got -1"),
-    ("[retrieval]\nvector_floor = 1.5\n", "retrieval.vector_floor must be at least 0 and at most 1, got 1.5"),
-    ("[retrieval]\nlead_idf = -2\n", "retrieval.lead_idf must be at least 0, got -2"),
+    ('[retrieval]\nrrf_k = "3"\n', "retrieval.rrf_k: must be a whole number from 0 to 1,000, got '3'"),
+    ("[retrieval]\nrrf_k = true\n", "retrieval.rrf_k: must be a whole number from 0 to 1,000, got True"),
+    ("[retrieval]\nrrf_k = -1\n", "retrieval.rrf_k: must be a whole number from 0 to 1,000, got -1"),
+    ("[retrieval]\nvector_floor = 1.5\n", "retrieval.vector_floor: must be a number from 0 to 1, got 1.5"),
+    ('[retrieval]\nfusion = "mean"\n', "retrieval.fusion: input should be 'adaptive' or 'rrf', got 'mean'"),
+    ("[retrieval]\nlead_idf = -2\n", "retrieval.lead_idf: must be a number (at least 0), got -2"),
     ('[llm]\nmodle = "qwen"\n', "[llm] has no setting 'modle'; known: base_url, budget_chars,"),
     ("[llm]\ntimeout = -1\n", "llm.timeout: must be a number (above 0 and at most 3,600), got -1"),
     ('[mcp]\nallow_private = "false"\n', "mcp.allow_private: input should be a valid boolean, got 'false'"),

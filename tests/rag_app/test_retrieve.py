@@ -338,7 +338,7 @@ def test_bm25s_best_chunk_goes_first_over_chunks_that_lack_a_rare_word_it_has():
     assert first("stranger", weak) == "stranger"
     config.lead_coverage = 0.2
     assert first("stranger", weak) == "other-2"
-    config.lead_coverage, config.lead_idf = RetrievalConfig.lead_coverage, 0.0
+    config.lead_coverage, config.lead_idf = RetrievalConfig().lead_coverage, 0.0
     assert first("neighbour") == "neighbour"  # the rule off: the dense channels' choice stands
 
 
