@@ -317,14 +317,14 @@ def _server_message(body: object) -> str:
     if isinstance(body, dict):
         error = body.get("error", body.get("message", body.get("detail", "")))
         body = error.get("message", "") if isinstance(error, dict) else error
-    return " ".join(str(body or "").split())[:200]
+    return str(body or "")
 
 
 def _redact(text: str, secret: str) -> str:
     """One line of at most 300 characters without the key (a server's message may echo it, also escaped)."""
-    from readers.memos_client import redact_secrets
+    from readers.memos_client import redacted_line
 
-    return redact_secrets(" ".join(text.split()), [secret])[:300]
+    return redacted_line(text, [secret], 300)
 
 
 def _huggingface(name: str) -> BaseEmbedding:

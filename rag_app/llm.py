@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -128,6 +127,6 @@ def error_reason(exc: BaseException, secret: str = "") -> str:
             parts.append(text)
         cause, seen = cause.__cause__ or cause.__context__, seen + 1
     reason = parts[0] + (f" ({parts[-1]})" if len(parts) > 1 else "")
-    from readers.memos_client import redact_secrets
+    from readers.memos_client import redacted_line
 
-    return redact_secrets(re.sub(r"\s+", " ", reason).strip(), [secret] if secret else [])[:ERROR_CHARS]
+    return redacted_line(reason, [secret] if secret else [], ERROR_CHARS)

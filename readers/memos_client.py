@@ -36,6 +36,7 @@ DEFAULT_LISTING_DEADLINE = 1800.0  # seconds for one whole listing, retries incl
 _VALUE_BYTES = 32  # a body may hold one JSON value per this many bytes of max_response_bytes (parsing inflates ~20x)
 _ENCODINGS = {"", "identity", "gzip", "x-gzip", "deflate"}  # no brotli: one chunk can inflate without bound
 _REDACTED = "[redacted]"
+_CUT_SECRET_CHARS = 8  # a text ending in this much of a secret's start was cut inside it: that head is redacted too
 _CREDENTIAL = r"[^\s\"'<>,;()\[\]{}]+"  # never starts at an earlier "[redacted]": redacting twice changes nothing
 _SCHEME = r"(?:bearer|basic|token|digest)(?:\s+|%20|\+)"
 _SECRET_PATTERNS = (
@@ -57,10 +58,27 @@ def redact_secrets(text: str, secrets: Iterable[str] = ()) -> str:
     Servers echo request headers in error bodies; whatever reaches a log, the manifest or a tool must not carry them.
     """
     for secret in {s.strip() for s in secrets if s and s.strip()}:
-        for form in {secret, json.dumps(secret)[1:-1], json.dumps(secret)[1:-1].replace("/", "\\/"), quote(secret)}:
+        forms = {secret, json.dumps(secret)[1:-1], json.dumps(secret)[1:-1].replace("/", "\\/"), quote(secret)}
+        for form in forms:
             text = text.replace(form, _REDACTED)
+        text = _without_cut_secret(text, forms)
     for pattern in _SECRET_PATTERNS:
         text = pattern.sub(rf"\1{_REDACTED}", text)
+    return text
+
+
+def redacted_line(text: str, secrets: Iterable[str] = (), limit: int = 200) -> str:
+    """`text` on one line of at most `limit` characters, redacted whole before it is cut: a cut first can fall inside
+    a token and leave most of it to a log."""
+    return redact_secrets(" ".join(text.split()), secrets)[:limit]
+
+
+def _without_cut_secret(text: str, forms: Iterable[str]) -> str:
+    """A text that ends in a secret's first characters (something cut it inside the secret) ends in [redacted]."""
+    for form in forms:
+        for size in range(len(form) - 1, _CUT_SECRET_CHARS - 1, -1):
+            if text.endswith(form[:size]):
+                return text[:-size] + _REDACTED
     return text
 
 
@@ -313,13 +331,7 @@ class MemosClient:
                 if time.monotonic() >= self._listing_ends:
                     raise self._listing_timeout(where) from None
                 if last:
-                    if self._guard.expired():
-                        failure = f"no complete answer within {self.request_deadline:g} s (request_deadline)"
-                    elif isinstance(exc, httpx.TimeoutException):
-                        failure = "timed out"
-                    else:
-                        failure = f"connection failed ({type(exc).__name__})"
-                    raise self._error(f"{where}: {failure} after {attempt + 1} attempts") from None
+                    raise self._error(f"{where}: {self._failure(exc)} after {attempt + 1} attempts") from None
                 self._sleep(delay)
                 delay *= 2
                 continue
@@ -330,14 +342,37 @@ class MemosClient:
             return answer
         raise AssertionError("unreachable")
 
-    def _exchange(self, method: str, path: str, params: dict[str, Any] | None, where: str) -> Answer:
-        """One attempt, read as a stream: the body stops at max_response_bytes, the whole at request_deadline."""
+    def send_once(self, method: str, path: str, body: Any) -> Answer:
+        """Send `body` as JSON once: never retried (a retry could write twice), never redirected (the token stays
+        with its server), within request_deadline and max_response_bytes like every read."""
+        where = f"{method} {path}"
+        try:
+            return self._exchange(method, path, None, where, json_body=body)
+        except httpx.HTTPError as exc:
+            if self._guard.tripped == "bytes":
+                raise self._too_large(where) from None
+            raise self._error(f"{where}: {self._failure(exc)}") from None
+
+    def _failure(self, exc: httpx.HTTPError) -> str:
+        """What ended an attempt, naming the limit when one did."""
+        if self._guard.expired():
+            return f"no complete answer within {self.request_deadline:g} s (request_deadline)"
+        if isinstance(exc, httpx.TimeoutException):
+            return "timed out"
+        return f"connection failed ({type(exc).__name__})"
+
+    def _exchange(self, method: str, path: str, params: dict[str, Any] | None, where: str,
+                  json_body: Any = None) -> Answer:
+        """One attempt, read as a stream: the body stops at max_response_bytes, the whole at request_deadline.
+
+        A request with a `json_body` (a write) follows no redirect."""
         guard = self._guard
         guard.deadline = min(time.monotonic() + self.request_deadline, self._listing_ends)
         guard.budget = 2 * self.max_response_bytes + MiB  # raw bytes: chunk framing, headers, redirect bodies
         guard.tripped = ""
         try:
-            with self._http.stream(method, path, params=params) as response:
+            with self._http.stream(method, path, params=params, json=json_body,
+                                   follow_redirects=json_body is None) as response:
                 encoding = response.headers.get("content-encoding", "").strip().lower()
                 if encoding not in _ENCODINGS:
                     raise self._error(f"{where}: the answer uses an unsupported content encoding {encoding[:40]!r}")
@@ -820,15 +855,14 @@ def _retry_after(response: Answer) -> float | None:
 def _error_message(response: Answer, secrets: Iterable[str] = ()) -> str:
     """The server's own error text (echo `{message}` or gateway `{code, message}`), short and on one line.
 
-    Bodies that say nothing (old servers answer 429 with `null`) give the reason phrase instead. Secrets are taken
-    out before the text is cut, so that no prefix of one survives; only a short body is parsed as JSON.
+    Bodies that say nothing (old servers answer 429 with `null`) give the reason phrase instead. The whole body is
+    redacted before it is cut, so that no prefix of a secret survives; only a short body is parsed as JSON.
     """
-    head = response.content[: 64 * 1024].decode("utf-8", errors="replace")
-    text = redact_secrets(" ".join(head.split()), secrets)
+    text = response.text
     try:
-        body = json.loads(head) if len(response.content) <= 64 * 1024 else text
+        body = json.loads(text) if len(response.content) <= 64 * 1024 else text
     except (ValueError, RecursionError):
         body = text
     if isinstance(body, dict) and body.get("message"):
-        return redact_secrets(" ".join(str(body["message"]).split()), secrets)[:200]
-    return text[:200] if body else response.reason_phrase
+        return redacted_line(str(body["message"]), secrets)
+    return (redacted_line(text, secrets) if body else "") or response.reason_phrase

@@ -63,6 +63,7 @@ class EmbeddingsDouble:
         self.fail_after: int | None = None
         self.fail_status = 500
         self.fail_next: list[int] = []
+        self.fail_message: str | None = None  # the injected failure's message (default: "injected failure <status>")
         self.retry_after: float | None = None
         self.requests: list[dict[str, Any]] = []
         self.served = 0
@@ -128,7 +129,8 @@ class EmbeddingsDouble:
                 failure = double._failure()
                 if failure:
                     headers = {"Retry-After": f"{double.retry_after:g}"} if double.retry_after is not None else {}
-                    return self._send(failure, {"error": {"message": f"injected failure {failure}",
+                    said = double.fail_message or f"injected failure {failure}"
+                    return self._send(failure, {"error": {"message": said,
                                                           "type": "server_error"}}, headers)
                 dimensions = int(body.get("dimensions") or DEFAULT_DIMENSIONS)
                 as_base64 = body.get("encoding_format") == "base64"

@@ -236,7 +236,8 @@ class MemosDouble:
     ``truncate_page`` / ``reset_page`` (page index whose body is cut / whose connection resets mid-body),
     ``repeat_token`` (always hand out the second page's token), ``non_json_error`` (error bodies as text/plain),
     ``call_after_pages`` ({pages served: callable}, each called once before the next list request: a user writing
-    or archiving a memo mid-walk), ``status_on_path`` ({path: status} for any other endpoint, e.g. who-am-I).
+    or archiving a memo mid-walk), ``status_on_path`` ({path: status} for any other endpoint, e.g. who-am-I),
+    ``raw_reply`` ((status, body bytes) answered as text on the list path, GET and POST alike: nothing is created).
 
     Hostile servers, on the memo list: ``echo_auth`` (answer this status with the request's Authorization header and
     bare token in the message), ``body_filter`` (a callable rewriting each list body's bytes), ``endless_pages``
@@ -518,6 +519,8 @@ class MemosDouble:
         token = bearer[1] if len(bearer) == 2 and bearer[0].lower() == "bearer" else ""
         if parts.path in self.faults.get("status_on_path", {}):
             reply = self._fault_reply(self.faults["status_on_path"][parts.path])
+        elif "raw_reply" in self.faults and parts.path == self._list_path():
+            reply = _Reply(*self.faults["raw_reply"], TEXT_TYPE)
         elif handler.command == "POST" and parts.path == self._list_path():
             with self._lock:
                 reply = self._create(getattr(handler, "post_body", b""), token)

@@ -163,6 +163,21 @@ def test_failures_not_worth_retrying_fail_at_once_in_one_line(server, tmp_path, 
     assert "\n" not in str(failure.value) and failure.value.__suppress_context__
 
 
+def test_a_key_echoed_where_the_servers_message_used_to_be_cut_never_shows(server, tmp_path):
+    """Issue 22 item 4: the message was cut at 200 characters before the key was redacted; its head leaked."""
+    vault = tmp_path / "vault"
+    write_notes(vault, 3)
+    home = remote_home(tmp_path / "home", server.url)
+    server.fail_next, server.fail_message = [400], "-" * 190 + f"{KEY} is not valid here"
+
+    failed = run_brain(home, "sync", "--vault", str(vault), env={"EMBEDDING_API_KEY": KEY})
+
+    assert failed.returncode == 1 and "HTTP 400: " + "-" * 190 + "[redacted] is not valid here" in failed.stderr
+    log = (home / "brain.log").read_text(encoding="utf-8")
+    assert "[redacted] is not valid here" in log
+    assert KEY[:8] not in failed.stdout + failed.stderr + log
+
+
 def test_a_server_failing_mid_index_fails_the_sync_in_one_line_and_the_next_sync_completes(server, tmp_path):
     """Every note is searchable by keyword at once; vector batches that finished stay; the next sync embeds only the
     rest (nothing twice) and ends up exactly where one clean run does."""

@@ -141,6 +141,22 @@ def test_a_token_echoed_in_an_error_body_reaches_no_output_log_store_or_tool(syn
     assert TOKEN.encode() not in manifest and TOKEN.encode() not in home_bytes(home)
 
 
+def test_a_token_cut_by_the_error_bodys_64_kib_head_is_still_redacted(synced):
+    """Issue 22 item 4: blanks, then the token straddling byte 65,536: its head would have been all a log kept."""
+    home, double = synced
+    head = 64 * 1024 - len(TOKEN) + 1  # all but the token's last character lies in the first 64 KiB
+    double.faults["raw_reply"] = (400, b" " * head + f"{TOKEN} is not a token here".encode())
+    run = run_brain(home, "sync", "--memos", double.url, env={"CFLOW_API_TOKEN": TOKEN})
+    assert run.returncode == 1 and "HTTP 400 [redacted] is not a token here" in run.stderr
+    log = (home / "brain.log").read_text(encoding="utf-8")
+    status = run_brain(home, "status", "--json").stdout
+    tool = json.dumps(BrainTools(Brain(home)).brain_status(), ensure_ascii=False)
+    assert "[redacted] is not a token here" in log and "[redacted] is not a token here" in tool
+    for text in (run.stdout, run.stderr, log, status, tool):
+        assert TOKEN[:8] not in text
+    assert TOKEN[:8].encode() not in b"".join(path.read_bytes() for path in home.glob("index.sqlite*"))
+
+
 HOSTILE = {
     # item 6: 1,000 new memos and a new page token on every page, forever
     "endless-pages": ({"endless_pages": 1000}, {"max_memos": 20_000}, "(max_memos)"),
