@@ -177,39 +177,32 @@ def write_memo(spec: SourceSpec, token: str | None, note: NewNote) -> CapturedNo
     """A new PRIVATE memo on the source's server (current API `POST /api/v1/memos`, old `POST /api/v1/memo`).
 
     Sent once, never retried (a retry could create it twice), without following redirects (the token stays with
-    the server it belongs to)."""
-    import httpx
-
-    from readers.memos_client import MemosClient, MemosError, memo_to_record, redact_secrets
+    the server it belongs to), and answered within the source's request_deadline like every read (a server that
+    drips its answer must not hold an agent's call)."""
+    from readers.memos_client import MemosClient, MemosError, memo_to_record, redacted_line
 
     if not token:
         raise SourceError(f"capturing into the Memos source {spec.name!r} needs its token (CFLOW_API_TOKEN, or the "
                           "variable its token_env names)")
+    limits = spec.memos_limits()
+    limits["max_response_bytes"] = min(limits.get("max_response_bytes", MEMO_ANSWER_BYTES), MEMO_ANSWER_BYTES)
     try:
-        with MemosClient(spec.url, token, **spec.memos_limits()) as client:
+        with MemosClient(spec.url, token, **limits) as client:
             api = client.detect()
+            path = "/api/v1/memo" if api.generation == "old" else "/api/v1/memos"
+            try:
+                answer = client.send_once("POST", path, {"content": memo_content(note), "visibility": "PRIVATE"})
+            except MemosError as exc:
+                raise SourceError(f"{exc}; the memo may not have been saved") from None
     except MemosError as exc:
         raise SourceError(str(exc)) from None
-    path = "/api/v1/memo" if api.generation == "old" else "/api/v1/memos"
-    headers = {"Authorization": f"Bearer {token.strip()}", "Accept": "application/json", "User-Agent": "cflow-brain"}
-    try:
-        with (httpx.Client(base_url=spec.url.rstrip("/"), headers=headers, timeout=30.0) as http,
-              http.stream("POST", path, json={"content": memo_content(note), "visibility": "PRIVATE"}) as answer):
-            body = bytearray()
-            for chunk in answer.iter_bytes():
-                body += chunk
-                if len(body) > MEMO_ANSWER_BYTES:
-                    raise SourceError(f"POST {path}: the answer is larger than {MEMO_ANSWER_BYTES} bytes")
-            status = answer.status_code
-    except httpx.HTTPError as exc:
-        raise SourceError(f"POST {path}: {type(exc).__name__}; the memo may not have been saved") from None
+    status = answer.status_code
     if status in (401, 403):
         raise SourceError(f"POST {path}: HTTP {status}: the server refused the token (is it this server's?)")
     if not 200 <= status < 300:
-        said = redact_secrets(" ".join(body[:300].decode("utf-8", errors="replace").split()), [token])
-        raise SourceError(f"POST {path}: HTTP {status} {said[:200]}")
+        raise SourceError(f"POST {path}: HTTP {status} {redacted_line(answer.text, [token])}")
     try:
-        memo = json.loads(body.decode("utf-8", errors="replace"))
+        memo = json.loads(answer.text)
     except (ValueError, RecursionError):
         memo = None
     record = memo_to_record(memo, api, client.base_url, spec.name) if isinstance(memo, dict) else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from rag_app.cli import main
 from rag_app.config import ConfigError, SourceSpec
 from rag_app.engine import Brain, NoteNotFound, SourceError
 from rag_app.fresh import read_note
-from tests.doubles.memos_server import MemosDouble
+from tests.doubles.memos_server import MemosDouble, Stream
 
 TOKEN = "memos_pat_test"
 
@@ -138,6 +139,40 @@ def test_capture_into_memos_without_the_servers_token_is_refused(home: Path, mon
             brain.capture("a wrong token is refused")
         assert "memos_pat_wrong" not in str(refused.value)
         assert not [r for r in double.requests if r["method"] == "POST" and r["status"] == 200]
+
+
+def memos_capture_home(home: Path, double: MemosDouble, limits: str = "") -> Brain:
+    """A home synced from the double, capturing into it (the double's list path is left unbent until now)."""
+    configure(home, f'name = "cflow"\nkind = "memos"\nurl = "{double.url}"\n{limits}',
+              capture='enabled = true\nsource = "cflow"')
+    brain = Brain(home)
+    assert not brain.sync().failed
+    return brain
+
+
+def test_a_server_dripping_its_answer_to_a_capture_is_cut_at_the_request_deadline(home: Path, monkeypatch):
+    """Issue 22 item 6: one byte every 0.2 s never trips a read timeout; the source's request_deadline ends it."""
+    monkeypatch.setenv("CFLOW_API_TOKEN", TOKEN)
+    with MemosDouble(mode="head", token=TOKEN) as double:
+        double.add_memo("public note", visibility="PUBLIC")
+        brain = memos_capture_home(home, double, "request_deadline = 1.0")
+        double.faults["stream"] = Stream(chunk=b" ", interval=0.2)
+        started = time.monotonic()
+        with pytest.raises(SourceError, match=r"no complete answer within 1 s \(request_deadline\); the memo may"):
+            brain.capture("a note for a slow server")
+        assert time.monotonic() - started < 5
+
+
+def test_a_token_echoed_past_the_cut_of_a_capture_error_is_redacted_whole(home: Path, monkeypatch):
+    """Issue 22 item 4: the old reply kept the first 300 bytes and redacted those, leaving the token's head."""
+    monkeypatch.setenv("CFLOW_API_TOKEN", TOKEN)
+    with MemosDouble(mode="head", token=TOKEN) as double:
+        double.add_memo("public note", visibility="PUBLIC")
+        brain = memos_capture_home(home, double)
+        double.faults["raw_reply"] = (400, b"." * (300 - 12) + f"{TOKEN} is not allowed".encode())
+        with pytest.raises(SourceError, match=r"HTTP 400 \.+") as refused:
+            brain.capture("a note the server refuses")
+        assert TOKEN[:8] not in str(refused.value)
 
 
 def test_fresh_read_of_a_vault_note_says_stale_after_an_edit_and_deleted_after_a_removal(home: Path, make_vault):
