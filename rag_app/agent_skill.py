@@ -7,6 +7,7 @@ with `--dir`). An install never overwrites a copy someone changed unless forced.
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -69,29 +70,52 @@ def install_skill(target: str = "claude", skills_dir: str | os.PathLike[str] | N
     dest = base / SKILL_NAME
     files = skill_files()
     result = SkillInstall(dest, target)
+    blocked = _in_the_way(dest, files)
+    if blocked:
+        raise NotADirectoryError(errno.ENOTDIR, f"{blocked} is in the way of the Skill's files; nothing was written")
     changed = [rel for rel, data in files.items() if (dest / rel).is_file() and (dest / rel).read_bytes() != data]
     if changed and not force:
         raise SkillConflict(f"{dest} holds a changed copy ({', '.join(changed)}); keep it, or overwrite it with "
                             "--force")
-    for rel, data in files.items():
-        path = dest / rel
-        if path.is_file() and path.read_bytes() == data:
-            result.unchanged.append(rel)
-            continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomically(path, data)
-        result.written.append(rel)
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for rel, data in files.items():
+            path = dest / rel
+            if path.is_file() and path.read_bytes() == data:
+                result.unchanged.append(rel)
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            staged.append((_staged(path, data), path))
+            result.written.append(rel)
+        for temp, path in staged:  # every file is written before any is put in place
+            os.replace(temp, path)
+    finally:
+        for temp, _ in staged:
+            temp.unlink(missing_ok=True)
     return result
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    """A reader (the agent starting up) sees the old file or the new one, never half of it."""
+def _in_the_way(dest: Path, files: dict[str, bytes]) -> Path | None:
+    """The first path that would fail the install part-way: a file where a folder goes, a folder where a file goes."""
+    for rel in files:
+        path = dest / rel
+        if path.exists() and not path.is_file():
+            return path
+        for folder in reversed(path.parents):
+            if folder.exists() and not folder.is_dir():
+                return folder
+    return None
+
+
+def _staged(path: Path, data: bytes) -> Path:
+    """`data` in a hidden file beside `path`, to be renamed over it: a reader (the agent starting up) sees the old
+    file or the new one, never half of it."""
     fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(data)
         os.chmod(temp, 0o644)
-        os.replace(temp, path)
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
+    return Path(temp)

@@ -130,6 +130,24 @@ def test_install_refuses_to_overwrite_a_changed_copy_without_force(tmp_path: Pat
     assert (skills / SKILL_NAME / "notes.txt").read_text(encoding="utf-8") == "mine"
 
 
+@pytest.mark.parametrize("blocker", ["agents", "SKILL.md"],
+                         ids=["a-file-where-a-folder-goes", "a-folder-where-a-file-goes"])
+def test_install_writes_nothing_when_any_target_is_in_the_way(tmp_path: Path, blocker: str):
+    """Issue 22 item 9: `agents` as a file failed the install after SKILL.md had been written."""
+    installed = tmp_path / "skills" / SKILL_NAME
+    installed.mkdir(parents=True)
+    if blocker == "SKILL.md":
+        (installed / blocker).mkdir()
+    else:
+        (installed / blocker).write_text("mine", encoding="utf-8")
+
+    refused = CliRunner().invoke(main, ["skill", "install", "--dir", str(tmp_path / "skills")])
+
+    assert refused.exit_code == 1 and f"{installed / blocker}" in refused.output, refused.output
+    assert "nothing was written" in refused.output
+    assert sorted(p.relative_to(installed).as_posix() for p in installed.rglob("*")) == [blocker]
+
+
 def test_skill_show_prints_skill_md():
     shown = CliRunner().invoke(main, ["skill", "show"])
     assert shown.exit_code == 0 and shown.output == skill_files()["SKILL.md"].decode()
