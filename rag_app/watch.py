@@ -8,9 +8,10 @@ Each sync takes the sync lock only while it runs, so a `brain sync` from a termi
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rag_app.config import Settings, SourceSpec
@@ -36,6 +37,7 @@ class Watcher:
         self.stop = stop or StopRequested()
         self.vaults = {Path(s.path).expanduser().resolve(): s for s in specs if s.kind == "vault"}
         self.memos = [s for s in specs if s.kind == "memos"]
+        self._unlisted: set[Path] = set()  # folders already warned about
 
     def run(self) -> None:
         """Block until stopped. In the main thread, SIGINT and SIGTERM stop it."""
@@ -55,8 +57,12 @@ class Watcher:
                     self._sync(self.memos, "poll")
                     next_poll = time.monotonic() + self.interval
 
-    def _events(self) -> object:
-        """Sets of changed paths as they settle, and an empty set at least every second (so polls come on time)."""
+    def _events(self) -> Iterator[set[Path]]:
+        """Sets of changed paths as they settle, and an empty set at least every second (so polls come on time).
+
+        Each folder of a vault is watched on its own (not recursively: that would follow symlinks out of the vault,
+        into / or /proc). When the folders change, watching restarts over the new set before the change is handed on,
+        so a note saved in a new folder meanwhile is not missed."""
         if not self.vaults:
             yield set()
             while not self.stop.wait(1.0):
@@ -64,9 +70,45 @@ class Watcher:
             return
         from watchfiles import watch
 
-        for changes in watch(*self.vaults, debounce=DEBOUNCE_MS, step=50, rust_timeout=1000, yield_on_timeout=True,
-                             stop_event=self.stop, raise_interrupt=False):
-            yield {Path(path) for _, path in changes}
+        pending: set[Path] = set()
+        retry = 1.0
+        while not self.stop:
+            folders = self._folders()
+            try:
+                for changes in watch(*folders, recursive=False, ignore_permission_denied=True, debounce=DEBOUNCE_MS,
+                                     step=50, rust_timeout=1000, yield_on_timeout=True, stop_event=self.stop,
+                                     raise_interrupt=False):
+                    paths, pending = pending | {Path(path) for _, path in changes}, set()
+                    if changes and self._folders() != folders:
+                        pending = paths
+                        break
+                    retry = 1.0
+                    yield paths
+            except OSError as exc:  # a folder went away or cannot be watched: walk the vaults again, soon
+                log.warning("watch: %s; watching again in %g s", exc, retry)
+                pending |= set(folders)
+                if self.stop.wait(retry):
+                    return
+                retry = min(retry * 2, 60.0)
+
+    def _folders(self) -> list[Path]:
+        """Every folder of the vaults a sync reads: no dot-folder, no symlink (the scanner reads none out of the
+        vault); a folder that cannot be listed is a warning, once, not the end of watching."""
+        folders: list[Path] = []
+        stack = list(self.vaults)
+        while stack:
+            folder = stack.pop()
+            folders.append(folder)
+            try:
+                with os.scandir(folder) as entries:
+                    stack += [Path(e.path) for e in entries
+                              if not e.name.startswith(".") and e.is_dir(follow_symlinks=False)]
+            except OSError as exc:
+                if folder not in self._unlisted:
+                    self._unlisted.add(folder)
+                    log.warning("watch: cannot list %s (%s); changes in it are not seen", folder,
+                                exc.strerror or exc)
+        return sorted(folders)
 
     def _vaults_of(self, paths: set[Path]) -> list[SourceSpec]:
         """The vault sources a change touches: notes (.md) and folders, not editor or Obsidian state."""
@@ -100,5 +142,16 @@ def watch_in_background(settings: Settings, specs: list[SourceSpec], interval: f
     """Run a Watcher on a daemon thread (for `serve --watch` and `mcp --watch`); set the returned flag to stop it."""
     stop = StopRequested()
     watcher = Watcher(settings, specs, interval, on_sync, stop)
-    threading.Thread(target=watcher.run, name="brain-watch", daemon=True).start()
+    threading.Thread(target=_logged(watcher.run), name="brain-watch", daemon=True).start()
     return stop
+
+
+def _logged(run: Callable[[], None]) -> Callable[[], None]:
+    """A thread's work whose failure reaches brain.log (a thread's traceback otherwise goes to a stderr nobody reads,
+    and the page or MCP server goes on serving an index nothing refreshes)."""
+    def logged() -> None:
+        try:
+            run()
+        except Exception:
+            log.exception("watch: the background watcher stopped; restart the server to watch again")
+    return logged

@@ -140,3 +140,41 @@ def test_a_vault_inside_a_dot_folder_is_watched_but_its_own_dot_folders_are_not(
     resolved = root.resolve()
     assert watcher._vaults_of({resolved / "note.md"}) == [spec]
     assert watcher._vaults_of({resolved / ".obsidian" / "workspace.md", resolved / "x.json"}) == []
+
+
+def inotify_watches(pid: int) -> int:
+    """The inotify watches a process holds: the `inotify wd:` lines of its descriptors' fdinfo."""
+    count = 0
+    for info in Path(f"/proc/{pid}/fdinfo").iterdir():
+        try:
+            count += info.read_text().count("inotify wd:")
+        except OSError:  # a descriptor closed meanwhile
+            continue
+    return count
+
+
+def test_a_symlink_out_of_the_vault_is_never_watched_and_a_new_folder_is(home, make_vault, tmp_path):
+    """Issue 22 item 3: `ln -s / V/root` led the watcher into /proc, where it died; `ln -s /usr V/usr` added 15,715
+    watches. Only the vault's own folders are watched (as the scanner reads only them), new ones included."""
+    outside = tmp_path / "outside"
+    for n in range(40):
+        (outside / f"f{n}" / "sub").mkdir(parents=True)
+    vault = make_vault({"a.md": "# Alpha\n\nfirst\n", "sub/b.md": "# Bravo\n\nsecond\n", ".obsidian/app.json": "{}"})
+    (vault / "out").symlink_to(outside, target_is_directory=True)
+    watcher = WatchProcess(home, "--vault", str(vault))
+    try:
+        wait_for(lambda: watcher.lines, 120)
+        assert watcher.lines[0]["sources"][0]["added"] == 2
+        assert inotify_watches(watcher.process.pid) == 2, "the vault and sub/: not .obsidian, not the 81 outside"
+        (outside / "f1" / "x.md").write_text("# Outside\n\nokapi\n", encoding="utf-8")
+        time.sleep(2)
+        assert len(watcher.lines) == 1, "a change outside the vault is no event"
+        (vault / "new").mkdir()
+        (vault / "new" / "c.md").write_text("# Charlie\n\ncapybara\n", encoding="utf-8")
+        wait_for(lambda: found(home, "capybara") == ["vault:notes/new/c.md"], 30)
+        (vault / "new" / "d.md").write_text("# Delta\n\nnarwhal\n", encoding="utf-8")
+        wait_for(lambda: found(home, "narwhal") == ["vault:notes/new/d.md"], 30)
+        assert inotify_watches(watcher.process.pid) == 3
+    finally:
+        code = watcher.stop()
+    assert code == 0 and found(home, "okapi") == []
