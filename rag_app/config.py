@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import re
@@ -281,6 +282,20 @@ class MCPSection(_Section):
 
 class ServeSection(_Section):
     obsidian: bool = False  # vault notes link to obsidian:// on the page
+    # Reverse proxies whose X-Forwarded-For is believed (addresses or networks, e.g. "127.0.0.1"); none by default:
+    # the login lockout counts by the address that connected, which no header can change.
+    trusted_proxies: list[str] = Field(default_factory=list, max_length=100)
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _addresses(cls, value: list[str]) -> list[str]:
+        for item in value:
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(f"must list IP addresses or networks such as \"127.0.0.1\" ({item!r} is neither)") \
+                    from None
+        return value
 
 
 class CaptureSection(_Section):

@@ -27,7 +27,7 @@ from rag_app.fresh import SourceError
 from rag_app.graph import LinkGraph
 from rag_app.manifest import Manifest
 from rag_app.query import SearchError, SearchFilters
-from rag_app.sessions import SessionError, SessionNotFound, SessionStore
+from rag_app.sessions import HISTORY_TURNS, SessionError, SessionNotFound, SessionStore
 from rag_app.store import StoreError
 from rag_app.sync import (
     Progress,
@@ -340,7 +340,7 @@ class Brain:
         from rag_app import answer as answers
         from rag_app.llm import error_reason, llm_config, missing_message
 
-        history = self._sessions.turns(session) if session is not None else []
+        history = self._sessions.turns(session, last=HISTORY_TURNS) if session is not None else []
         config = llm_config(self.settings.llm)
         llm = self.llm()
         llm_error = None
@@ -428,10 +428,11 @@ class Brain:
         """Every conversation: {"name", "turns", "last_question", "updated"} (ISO time), most recent first."""
         return self._sessions.list()
 
-    def session(self, name: str) -> dict[str, Any]:
-        """{"name", "turns": [{"question", "answer", "citations", "coverage", "mode", "asked"}]}; SessionNotFound
-        for a name never used."""
-        return self._sessions.get(name)
+    def session(self, name: str, last: int | None = None, before: int | None = None) -> dict[str, Any]:
+        """{"name", "total", "first", "turns": [{"question", "answer", "citations", "coverage", "mode", "asked"}]}:
+        every turn, or the `last` ones before turn number `before` (a long conversation is read a page at a time);
+        `first` numbers the first turn returned. SessionNotFound for a name never used."""
+        return self._sessions.get(name, last, before)
 
     def rename_session(self, old: str, new: str) -> None:
         self._sessions.rename(old, new)

@@ -47,6 +47,7 @@ LOGIN_FREE_TRIES = 5  # wrong passwords a client may try before it has to wait
 LOGIN_LOCKOUT_SECONDS = 30.0  # the first wait; it doubles with every further wrong try
 LOGIN_MAX_LOCKOUT_SECONDS = 900.0
 LOGIN_CLIENTS = 10_000  # clients remembered (the oldest are forgotten first)
+PAGE_TURNS = 50  # turns a conversation shows at first, and how many more each "earlier turns" press adds
 STATUS_SECONDS = 5.0  # the status panel re-reads the manifest this often (a sync from the CLI shows up too)
 # The page loads only its own assets: an image, script or request to any other host is refused by the browser even if
 # something slipped through the answer's sanitising. Gradio's page needs inline scripts and styles, data: fonts and
@@ -521,6 +522,11 @@ def session_choices(sessions: list[dict[str, Any]]) -> list[tuple[str, str]]:
     return choices
 
 
+def earlier_button(first: int) -> Any:
+    """The earlier-turns button: shown while turns before the first one shown exist, saying how many."""
+    return gr.update(visible=first > 0, value=f"Show earlier turns ({first:,} more)")
+
+
 class PageProgress:
     """The engine's Progress protocol drawn on the page's progress bar."""
 
@@ -569,18 +575,26 @@ class ChatPage:
 
     # Conversations
 
-    def conversation(self, name: str | None) -> Messages:
-        """A stored session as chat messages (empty for none, or one deleted meanwhile)."""
+    def conversation(self, name: str | None, before: int | None = None) -> tuple[Messages, int]:
+        """The last PAGE_TURNS turns of a stored session (of those before turn `before`) as chat messages, and the
+        number of the first one shown; empty for none, or one deleted meanwhile. A long session is never read whole:
+        20,000 turns would take the page minutes and the server gigabytes."""
         if not name:
-            return []
+            return [], 0
         try:
-            turns = self._run(self.brain.session, name)["turns"]
+            shown = self._run(self.brain.session, name, PAGE_TURNS, before)
         except SessionNotFound:
-            return []
+            return [], 0
         messages: Messages = []
-        for index, turn in enumerate(turns):
-            messages += self._turn_messages(turn, index)
-        return messages
+        for offset, turn in enumerate(shown["turns"]):
+            messages += self._turn_messages(turn, shown["first"] + offset)
+        return messages, shown["first"]
+
+    def earlier_turns(self, session: str | None, first: int, history: Messages | None) -> tuple[Messages, int, Any]:
+        """The page of turns before the first one shown, put above them; returns the chat, the new first turn and
+        the button."""
+        older, first = self.conversation(session, first) if session and first > 0 else ([], first)
+        return [*older, *(history or [])], first, earlier_button(first)
 
     def _turn_messages(self, turn: dict[str, Any], index: int) -> Messages:
         allowed = self._run(self.allowed_links, turn.get("citations") or [])
@@ -590,12 +604,14 @@ class ChatPage:
     def sessions_update(self, name: str | None) -> Any:
         return gr.update(choices=session_choices(self._run(self.brain.sessions)), value=name)
 
-    def load(self) -> tuple[Messages, str | None, Any, str, str]:
-        """On (re)load: the newest conversation, the picker, the LLM line and the status."""
+    def load(self) -> tuple[Messages, str | None, Any, str, str, int, Any]:
+        """On (re)load: the newest conversation, the picker, the LLM line, the status, the first turn shown and the
+        earlier-turns button."""
         listing = self._run(self.brain.sessions)
         name = listing[0]["name"] if listing else None
-        return (self.conversation(name), name, gr.update(choices=session_choices(listing), value=name),
-                self.llm_line(), self.status())
+        shown, first = self.conversation(name)
+        return (shown, name, gr.update(choices=session_choices(listing), value=name), self.llm_line(), self.status(),
+                first, earlier_button(first))
 
     def chat(self, message: str, history: Messages | None, session: str | None, sources: list[str] | None,
              tags: str, since: str, until: str) -> Iterator[tuple[Messages, str | None, Any, Any]]:
@@ -613,7 +629,7 @@ class ChatPage:
             index = 0
         else:
             try:
-                index = len(self._run(self.brain.session, session)["turns"])
+                index = self._run(self.brain.session, session, 0)["total"]
             except SessionNotFound:
                 index = 0
         asked = [*history, {"role": "user", "content": safe_markdown(message)}]
@@ -637,12 +653,13 @@ class ChatPage:
         turn = {"question": message, **response}
         yield [*history, *self._turn_messages(turn, index)], session, self.sessions_update(session), gr.skip()
 
-    def open_session(self, name: str | None) -> tuple[Messages, str | None, str]:
-        return self.conversation(name), name or None, NOTE_HINT
+    def open_session(self, name: str | None) -> tuple[Messages, str | None, str, int, Any]:
+        shown, first = self.conversation(name)
+        return shown, name or None, NOTE_HINT, first, earlier_button(first)
 
-    def new_session(self) -> tuple[Messages, None, Any, str]:
+    def new_session(self) -> tuple[Messages, None, Any, str, int, Any]:
         """A fresh conversation; it is stored (and named) with its first question."""
-        return [], None, self.sessions_update(None), NOTE_HINT
+        return [], None, self.sessions_update(None), NOTE_HINT, 0, earlier_button(0)
 
     def rename_session(self, session: str | None, new_name: str) -> tuple[str | None, Any, str, str]:
         """Returns the session, the picker, the rename box and a one-line outcome."""
@@ -663,7 +680,7 @@ class ChatPage:
             return gr.update(visible=False), "Nothing to delete: this conversation is not saved yet."
         return gr.update(visible=True), f"Delete the conversation {escape_markdown(session)} and all its turns?"
 
-    def delete_session(self, session: str | None) -> tuple[Messages, str | None, Any, str, Any]:
+    def delete_session(self, session: str | None) -> tuple[Messages, str | None, Any, str, Any, int, Any]:
         """Delete the open conversation and show the newest one left (or a fresh one)."""
         if session:
             try:
@@ -673,8 +690,9 @@ class ChatPage:
         listing = self._run(self.brain.sessions)
         name = listing[0]["name"] if listing else None
         outcome = f"Deleted {escape_markdown(session)}." if session else ""
-        return (self.conversation(name), name, gr.update(choices=session_choices(listing), value=name), outcome,
-                gr.update(visible=False))
+        shown, first = self.conversation(name)
+        return (shown, name, gr.update(choices=session_choices(listing), value=name), outcome,
+                gr.update(visible=False), first, earlier_button(first))
 
     # Notes
 
@@ -698,10 +716,10 @@ class ChatPage:
         if not session:
             return None
         try:
-            turns = self._run(self.brain.session, session)["turns"]
+            shown = self._run(self.brain.session, session, 1, turn + 1)
         except SessionNotFound:
             return None
-        citations = turns[turn].get("citations") or [] if turn < len(turns) else []
+        citations = shown["turns"][0].get("citations") or [] if shown["turns"] and shown["first"] == turn else []
         found = [c for c in citations if c.get("n") == n and c.get("note_id") == note_id]
         return str(found[0].get("excerpt") or "") if found else None
 
@@ -756,9 +774,11 @@ class ChatPage:
         conversations, filters and status follow it (beside it on a wide screen)."""
         with gr.Blocks(title="cflow-brain") as page:
             session = gr.State(None)
+            first = gr.State(0)  # the number of the first turn shown: earlier ones load on request
             with gr.Row(equal_height=False):
                 with gr.Column(scale=3, min_width=340):
                     llm_line = gr.Markdown(elem_id="llm-state")
+                    earlier = gr.Button("Show earlier turns", size="sm", visible=False, elem_id="earlier-turns")
                     # LaTeX off (KaTeX could link); answers arrive sanitised (safe_markdown), and Gradio's own HTML
                     # sanitiser stays on with no custom tags let through.
                     chatbot = gr.Chatbot(label="Answers from your notes", elem_id="chat", height="min(620px, 62vh)",
@@ -792,18 +812,19 @@ class ChatPage:
             note_request = gr.Textbox(visible="hidden", elem_id="note-request")
             note_button = gr.Button(visible="hidden", elem_id="note-open")
 
-            page.load(self.load, outputs=[chatbot, session, picker, llm_line, status])
+            page.load(self.load, outputs=[chatbot, session, picker, llm_line, status, first, earlier])
             asking = question.submit(self.chat, inputs=[question, chatbot, session, sources, tags, since, until],
                                      outputs=[chatbot, session, picker, question])
             question.stop(None, cancels=[asking])
-            picker.input(self.open_session, inputs=picker, outputs=[chatbot, session, note])
-            new_button.click(self.new_session, outputs=[chatbot, session, picker, note])
+            picker.input(self.open_session, inputs=picker, outputs=[chatbot, session, note, first, earlier])
+            new_button.click(self.new_session, outputs=[chatbot, session, picker, note, first, earlier])
+            earlier.click(self.earlier_turns, inputs=[session, first, chatbot], outputs=[chatbot, first, earlier])
             rename_button.click(self.rename_session, inputs=[session, rename_box],
                                 outputs=[session, picker, rename_box, outcome])
             delete_button.click(self.ask_delete, inputs=session, outputs=[confirm_row, outcome])
             cancel_button.click(lambda: (gr.update(visible=False), ""), outputs=[confirm_row, outcome])
             confirm_button.click(self.delete_session, inputs=session,
-                                 outputs=[chatbot, session, picker, outcome, confirm_row])
+                                 outputs=[chatbot, session, picker, outcome, confirm_row, first, earlier])
             note_button.click(self.open_note, inputs=[note_request, session], outputs=note, show_progress="hidden")
             sync_button.click(self.sync, outputs=[sync_result, status, sources])
             gr.Timer(STATUS_SECONDS).tick(self.status, outputs=status, show_progress="hidden")
@@ -813,7 +834,8 @@ class ChatPage:
 class PageGuard:
     """ASGI middleware around the page: security headers on every response, and a brake on password guessing.
 
-    After LOGIN_FREE_TRIES wrong logins a client (by address) must wait `lockout` seconds (429 with Retry-After),
+    After LOGIN_FREE_TRIES wrong logins a client (by the address that connected, or the one a trusted proxy
+    forwards: see start_page) must wait `lockout` seconds (429 with Retry-After),
     twice as long after each further wrong one, up to LOGIN_MAX_LOCKOUT_SECONDS. A good login clears its count. A
     try counts when it starts, so a burst of parallel guesses gets no more tries than a sequence."""
 
@@ -860,11 +882,16 @@ class PageGuard:
             self._clients.pop(client, None)
 
 
-def start_page(chat: ChatPage, host: str, port: int, auth: tuple[str, str] | None) -> tuple[gr.Blocks, str]:
+def start_page(chat: ChatPage, host: str, port: int, auth: tuple[str, str] | None,
+               trusted_proxies: Iterable[str] = ()) -> tuple[gr.Blocks, str]:
     """Build and start the page without blocking; returns it and its URL. An IPv6 address is bracketed the way
-    Gradio expects; a host or port that cannot be bound is a ConfigError of one line."""
+    Gradio expects; a host or port that cannot be bound is a ConfigError of one line.
+
+    Only `trusted_proxies` may say whom they forward (X-Forwarded-For): uvicorn, under Gradio, otherwise believes
+    any client on this machine, which could then name a new address for every login try and never be locked out."""
     bare = host.strip("[]")
     _check_bindable(host, port)
+    os.environ["FORWARDED_ALLOW_IPS"] = ",".join(trusted_proxies)  # read when Gradio builds uvicorn's config
     page = chat.build()
     guard = Middleware(PageGuard, free_tries=LOGIN_FREE_TRIES, lockout=LOGIN_LOCKOUT_SECONDS)
     try:
@@ -894,7 +921,7 @@ def serve(brain: Brain, host: str = "127.0.0.1", port: int = 7860) -> None:
     auth = ui_auth(host)
     chat = ChatPage(brain)
     try:
-        page, url = start_page(chat, host, port, auth)
+        page, url = start_page(chat, host, port, auth, brain.settings.serve["trusted_proxies"])
         print(f"brain: chat page on {url} (Ctrl+C stops it)", flush=True)
         page.block_thread()
     finally:

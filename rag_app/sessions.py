@@ -25,6 +25,7 @@ MAX_NAME_CHARS = 80
 SUBJECT_TERMS = 6  # carried from the last turn into a follow-up's query without an LLM
 HISTORY_ANSWER_CHARS = 1500  # of each earlier answer sent back to the LLM
 CONDENSE_TURNS = 4
+HISTORY_TURNS = 50  # earlier turns a question is read with (4 condense it; the LLM's history budget rarely fits 50)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -77,17 +78,26 @@ class SessionStore:
         row = conn.execute("SELECT id FROM sessions WHERE name = ?", (name,)).fetchone()
         return row[0] if row else None
 
-    def turns(self, name: str) -> list[dict[str, Any]]:
-        """Every turn of a session, oldest first; [] for a session that does not exist yet."""
+    def turns(self, name: str, last: int | None = None, before: int | None = None) -> list[dict[str, Any]]:
+        """The session's turns, oldest first: all of them, or the `last` ones before turn number `before` (default:
+        the end). A long session is read a page at a time, never whole; [] for a session that does not exist yet."""
         name = validate_name(name)
         if not self.path.exists():
             return []
         with closing(self._connect()) as conn:
+            end = self._count(conn, name) if before is None else before
+            start = 0 if last is None else max(0, end - last)
             rows = conn.execute(
                 "SELECT t.question, t.answer, t.citations, t.coverage, t.mode, t.asked FROM turns t "
-                "JOIN sessions s ON s.id = t.session_id WHERE s.name = ? ORDER BY t.id", (name,)).fetchall()
+                "JOIN sessions s ON s.id = t.session_id WHERE s.name = ? ORDER BY t.id LIMIT ? OFFSET ?",
+                (name, max(0, end - start), start)).fetchall()
         return [{"question": q, "answer": a, "citations": json.loads(c), "coverage": json.loads(cov), "mode": m,
                  "asked": iso(asked)} for q, a, c, cov, m, asked in rows]
+
+    @staticmethod
+    def _count(conn: sqlite3.Connection, name: str) -> int:
+        return conn.execute("SELECT COUNT(*) FROM turns t JOIN sessions s ON s.id = t.session_id WHERE s.name = ?",
+                            (name,)).fetchone()[0]
 
     def append(self, name: str, turn: dict[str, Any]) -> None:
         """Store one turn, creating the session on its first."""
@@ -123,11 +133,16 @@ class SessionStore:
         return [{"name": name, "turns": turns, "last_question": last, "updated": iso(updated)}
                 for name, updated, turns, last in rows]
 
-    def get(self, name: str) -> dict[str, Any]:
+    def get(self, name: str, last: int | None = None, before: int | None = None) -> dict[str, Any]:
+        """{"name", "total", "first", "turns"}: the turns as `turns` picks them, `first` the number of the first."""
         name = validate_name(name)
         if not self.exists(name):
             raise SessionNotFound(f"no session named {name!r}")
-        return {"name": name, "turns": self.turns(name)}
+        with closing(self._connect()) as conn:
+            total = self._count(conn, name)
+        end = total if before is None else min(before, total)
+        turns = self.turns(name, last, end)
+        return {"name": name, "total": total, "first": end - len(turns), "turns": turns}
 
     def exists(self, name: str) -> bool:
         if not self.path.exists():

@@ -8,11 +8,14 @@ import os
 import re
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
+import tracemalloc
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -126,17 +129,18 @@ def test_a_conversation_continues_and_survives_a_restart(own_home: Path,
     assert app.note_ref(MOVIES, 1, 1) in messages[-1]["content"]  # …and found the movies note again
     first.close()
 
-    shown, name, picker, llm_line, status = pages(own_home).load()  # a new process would see the same
+    shown, name, picker, llm_line, status, first, earlier = pages(own_home).load()  # a new process sees the same
     assert name == session and picker["value"] == session
     assert [m["content"] for m in shown] == [m["content"] for m in messages]
+    assert (first, earlier["visible"]) == (0, False)
     assert llm_line.startswith("**cflow-brain** · No LLM configured") and "41 notes" in status
 
 
 def test_conversations_are_listed_renamed_and_deleted(page: app.ChatPage) -> None:
     _, first, _, _ = ask(page)[-1]
     page.brain.rename_session(first, "films")
-    chat, none, picker, box = page.new_session()
-    assert (chat, none, picker["value"], box) == ([], None, None, app.NOTE_HINT)
+    chat, none, picker, box, first, earlier = page.new_session()
+    assert (chat, none, picker["value"], box, first, earlier["visible"]) == ([], None, None, app.NOTE_HINT, 0, False)
     _, second, _, _ = ask(page, "番茄炒蛋怎么做")[-1]
     assert [value for _, value in page.sessions_update(second)["choices"]] == [second, "films"]
     assert page.sessions_update(second)["choices"][0][0].endswith("· 1 turn · 番茄炒蛋怎么做")
@@ -146,14 +150,53 @@ def test_conversations_are_listed_renamed_and_deleted(page: app.ChatPage) -> Non
     kept, _, _, outcome = page.rename_session("番茄", "films")
     assert kept == "番茄" and outcome.startswith("⚠️") and "already exists" in outcome
 
-    shown, name, _ = page.open_session("films")
+    shown, name, *_ = page.open_session("films")
     assert name == "films" and shown[0]["content"] == QUESTION
     row, question = page.ask_delete("films")
     assert row["visible"] and "films" in question
-    shown, name, picker, outcome, row = page.delete_session("films")
+    shown, name, picker, outcome, row, *_ = page.delete_session("films")
     assert name == "番茄" and shown[0]["content"] == "番茄炒蛋怎么做" and outcome == "Deleted films."
     assert [value for _, value in picker["choices"]] == ["番茄"] and not row["visible"]
     assert page.delete_session("films")[1] == "番茄"  # deleted elsewhere meanwhile: no error
+
+
+def repeat_turn(home: Path, session: str, times: int) -> None:
+    """The session's one real turn copied until it holds `times` turns, the questions numbered (20,000 real asks
+    would take hours); one transaction on the home's sessions.sqlite."""
+    with closing(sqlite3.connect(home / "sessions.sqlite")) as conn, conn:
+        conn.executemany(
+            "INSERT INTO turns (session_id, question, answer, citations, coverage, mode, asked) "
+            "SELECT session_id, ?, answer, citations, coverage, mode, asked FROM turns ORDER BY id LIMIT 1",
+            [(f"问题 {n}",) for n in range(1, times)])
+
+
+def test_a_long_conversation_shows_its_last_turns_and_loads_earlier_ones_on_request(own_home: Path,
+                                                                                    pages: Callable[..., app.ChatPage]
+                                                                                    ) -> None:
+    """Issue 22 item 9: 20,000 turns (~60 MB) never rendered and grew the server to 900 MB: the page reads a page of
+    turns from sessions.sqlite, never the whole history."""
+    page = pages(own_home)
+    _, session, _, _ = ask(page)[-1]
+    repeat_turn(own_home, session, 20_000)
+    fresh = pages(own_home)
+    tracemalloc.start()
+    started = time.monotonic()
+    try:
+        shown, name, _, _, _, first, earlier = fresh.load()
+        seconds, peak = time.monotonic() - started, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert name == session and (first, len(shown)) == (20_000 - app.PAGE_TURNS, 2 * app.PAGE_TURNS)
+    assert shown[0]["content"] == f"问题 {first}" and earlier["visible"] and "19,950 more" in earlier["value"]
+    assert seconds < 10 and peak < 30 * 2**20, (seconds, peak)
+    assert app.note_ref(MOVIES, 19_999, 1) in shown[-1]["content"], "citations keep the turn's own number"
+    assert "brain-hit" in fresh.open_note(app.note_ref(MOVIES, 19_999, 1), session)
+
+    more, first, earlier = fresh.earlier_turns(session, first, shown)
+    assert first == 20_000 - 2 * app.PAGE_TURNS and more[2 * app.PAGE_TURNS:] == shown
+    assert more[0]["content"] == f"问题 {first}" and earlier["visible"]
+    start, first, earlier = fresh.earlier_turns(session, 30, more)  # the first page is a short one
+    assert first == 0 and len(start) == 60 + len(more) and start[0]["content"] == QUESTION and not earlier["visible"]
 
 
 def test_clicking_a_citation_opens_the_note_with_the_cited_passage_lit(page: app.ChatPage) -> None:
@@ -429,14 +472,17 @@ def test_public_bind_needs_a_login(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 
 @pytest.fixture
-def started(home: Path) -> Iterator[Any]:
-    """`started(host, auth)` starts the page in this process and returns its URL; stopped after the test."""
+def started(home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """`started(host, auth, trusted_proxies)` starts the page in this process and returns its URL; stopped after the
+    test (the environment variable the page sets for uvicorn is restored)."""
     opened: list[tuple[app.ChatPage, gr.Blocks]] = []
+    monkeypatch.setenv("FORWARDED_ALLOW_IPS", "")
 
-    def start(host: str = "127.0.0.1", auth: tuple[str, str] | None = None) -> str:
+    def start(host: str = "127.0.0.1", auth: tuple[str, str] | None = None, trusted_proxies: tuple[str, ...] = ()
+              ) -> str:
         chat = app.ChatPage(Brain(home))
         try:
-            blocks, url = app.start_page(chat, host, free_port(), auth)
+            blocks, url = app.start_page(chat, host, free_port(), auth, trusted_proxies)
         except BaseException:
             chat.close()
             raise
@@ -479,6 +525,28 @@ def test_logins_slow_down_after_five_wrong_passwords(started: Any, monkeypatch: 
     time.sleep(1.0)
     assert login("right-password-1").status_code == 200
     assert [login("guess").status_code for _ in range(5)] == [400] * 5  # a good login starts the count again
+
+
+def forwarded_login(url: str, password: str, client: str) -> int:
+    """A login try that says it is forwarded for `client`; its status."""
+    return httpx.post(f"{url}login", data={"username": "me", "password": password},
+                      headers={"X-Forwarded-For": client}).status_code
+
+
+def test_a_new_forwarded_for_header_per_try_does_not_escape_the_lockout(started: Any) -> None:
+    """Issue 22 item 5: uvicorn believed X-Forwarded-For from this machine, so each try could be a new client."""
+    url = started(auth=("me", "right-password-1"))
+    assert [forwarded_login(url, "guess", f"203.0.113.{n}") for n in range(5)] == [400] * 5
+    assert forwarded_login(url, "guess", "203.0.113.5") == 429
+    assert forwarded_login(url, "right-password-1", "203.0.113.6") == 429  # the address that connected is locked
+
+
+def test_behind_a_trusted_proxy_each_forwarded_client_is_counted_apart(started: Any) -> None:
+    url = started(auth=("me", "right-password-1"), trusted_proxies=("127.0.0.1",))
+    assert [forwarded_login(url, "guess", "203.0.113.7") for _ in range(5)] == [400] * 5
+    assert forwarded_login(url, "guess", "203.0.113.7") == 429
+    assert forwarded_login(url, "guess", "198.51.100.1, 203.0.113.8") == 400  # the proxy's own append is the client
+    assert forwarded_login(url, "right-password-1", "203.0.113.9") == 200
 
 
 def test_a_burst_of_parallel_guesses_gets_no_more_tries(started: Any) -> None:

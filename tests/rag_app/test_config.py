@@ -26,6 +26,10 @@ def settings_from(tmp_path: Path, text: str):
     ("[llm]\ntimeout = -1\n", "llm.timeout: must be a number (above 0 and at most 3,600), got -1"),
     ('[mcp]\nallow_private = "false"\n', "mcp.allow_private: input should be a valid boolean, got 'false'"),
     ("[serve]\nobsidian = 1\n", "serve.obsidian: input should be a valid boolean, got 1"),
+    ('[serve]\ntrusted_proxies = "127.0.0.1"\n',
+     "serve.trusted_proxies: input should be a valid list, got '127.0.0.1'"),
+    ('[serve]\ntrusted_proxies = ["proxy.lan"]\n',
+     'serve.trusted_proxies: must list IP addresses or networks such as "127.0.0.1" (\'proxy.lan\' is neither)'),
     ('[store]\nurll = "http://x"\n', "[store] has no setting 'urll'; known: url"),
     ("[sync]\nstale = 3\n", "[sync] has no setting 'stale'; known: lock_wait_seconds, stale_seconds"),
     ("[sync]\nstale_seconds = 0\n", "sync.stale_seconds: must be a number from 1 to 2,592,000, got 0"),
@@ -42,7 +46,7 @@ def test_defaults_live_in_one_place_and_fill_every_section(tmp_path: Path):
     settings = settings_from(tmp_path, "[llm]\nmodel = \"qwen2.5\"\n[retrieval]\nrrf_k = 9\nbm25_weight = 1\n")
     assert settings.llm == {"base_url": "", "model": "qwen2.5", "context_window": 32768, "timeout": 120.0,
                             "max_retries": 2, "budget_chars": 12_000}
-    assert settings.mcp == {"allow_private": False} and settings.serve == {"obsidian": False}
+    assert settings.mcp == {"allow_private": False} and settings.serve == {"obsidian": False, "trusted_proxies": []}
     assert settings.retrieval == {"rrf_k": 9, "bm25_weight": 1}  # the fusion's own defaults fill the rest
     assert (settings.lock_wait_seconds, settings.stale_seconds) == (10.0, 300.0)
 
@@ -192,3 +196,9 @@ def test_the_ends_of_every_range_are_accepted(tmp_path: Path, text: str):
 ])
 def test_the_embedding_chunking_store_and_sync_sections_refuse_with_the_key_named(tmp_path: Path, text: str, says: str):
     assert refusal(tmp_path, text) == says
+
+
+def test_trusted_proxies_are_read_as_addresses_or_networks_and_none_by_default(tmp_path: Path):
+    text = '[serve]\ntrusted_proxies = ["127.0.0.1", "10.0.0.0/8", "::1"]\n'
+    assert settings_from(tmp_path, text).serve["trusted_proxies"] == ["127.0.0.1", "10.0.0.0/8", "::1"]
+    assert settings_from(tmp_path, "[serve]\n").serve["trusted_proxies"] == []
