@@ -476,7 +476,7 @@ def started(home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """`started(host, auth, trusted_proxies)` starts the page in this process and returns its URL; stopped after the
     test (the environment variable the page sets for uvicorn is restored)."""
     opened: list[tuple[app.ChatPage, gr.Blocks]] = []
-    monkeypatch.setenv("FORWARDED_ALLOW_IPS", "")
+    monkeypatch.setenv("FORWARDED_ALLOW_IPS", "127.0.0.1,::1")  # uvicorn's own default: start_page replaces it
 
     def start(host: str = "127.0.0.1", auth: tuple[str, str] | None = None, trusted_proxies: tuple[str, ...] = ()
               ) -> str:
