@@ -100,12 +100,14 @@ def main(ctx: click.Context, home: str | None, store_url: str | None) -> None:
 @click.option("--vault", "vaults", multiple=True, type=click.Path(), help="Sync this vault folder (repeatable).")
 @click.option("--memos", "memos", multiple=True, help="Sync this Memos/CFlow server URL (token: CFLOW_API_TOKEN).")
 @click.option("--source", "names", multiple=True, help="Sync only this known source (repeatable).")
+@click.option("--allow-deletes", "allow_deletes", multiple=True, metavar="SOURCE",
+              help="Let this source's sync delete most or all of its notes (held otherwise; repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON report.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal).")
 @click.option("-v", "--verbose", is_flag=True, help="List every warning.")
 @click.pass_context
 def sync(ctx: click.Context, vaults: tuple[str, ...], memos: tuple[str, ...], names: tuple[str, ...],
-         as_json: bool, progress: bool | None, verbose: bool) -> None:
+         allow_deletes: tuple[str, ...], as_json: bool, progress: bool | None, verbose: bool) -> None:
     """Index new and changed notes; remove deleted ones. Only the sources of this run are touched."""
     brain = _open(ctx)
     show_progress = sys.stderr.isatty() if progress is None else progress
@@ -116,7 +118,7 @@ def sync(ctx: click.Context, vaults: tuple[str, ...], memos: tuple[str, ...], na
 
     with _reported():
         report = brain.sync(vaults, memos, names, progress=TqdmProgress() if show_progress else None,
-                            on_source=on_source)
+                            on_source=on_source, allow_deletes=allow_deletes)
     if as_json:
         _print_json(report.to_dict())
     else:
@@ -128,16 +130,22 @@ def sync(ctx: click.Context, vaults: tuple[str, ...], memos: tuple[str, ...], na
                    err=True)
     if report.failed:
         for failed in (s for s in report.sources if s.failed):
-            after = (" It was not remembered: fix it and sync again." if not failed.remembered else
-                     f" To stop syncing it: brain source remove {_plain(failed.name)}")
-            click.echo(f"brain: source {_plain(failed.name)} failed, nothing of it changed: {_plain(failed.error)}."
-                       + after, err=True)
+            click.echo(_failure_line(failed), err=True)
         if report.fill_error:
             click.echo(f"brain: embedding stopped, notes stay searchable by keyword and the next sync resumes: "
                        f"{_plain(report.fill_error)}", err=True)
         sys.exit(EXIT_FAILED)
     if report.interrupted:
         sys.exit(EXIT_INTERRUPTED)
+
+
+def _failure_line(failed: SourceReport) -> str:
+    """One line on stderr for a failed source: what happened and the way out."""
+    if failed.deletes_held:
+        return f"brain: source {_plain(failed.name)}: {_plain(failed.error)}"
+    after = (" It was not remembered: fix it and sync again." if not failed.remembered else
+             f" To stop syncing it: brain source remove {_plain(failed.name)}")
+    return f"brain: source {_plain(failed.name)} failed, nothing of it changed: {_plain(failed.error)}." + after
 
 
 def _source_line(result: SourceReport, verbose: bool) -> str:
@@ -390,14 +398,19 @@ def watch(ctx: click.Context, vaults: tuple[str, ...], memos: tuple[str, ...], i
     with _reported():
         specs = brain.resolve_sources(vaults, memos)
 
+    said: dict[str, str | None] = {}  # the failure last reported per source: a failure that persists is said once
+
     def on_sync(trigger: str, report: SyncReport) -> None:
         if as_json:
             click.echo(json.dumps({"trigger": trigger, **report.to_dict()}, ensure_ascii=False))
             return
         for result in report.sources:
+            if result.failed and said.get(result.name) == result.error:
+                continue
+            said[result.name] = result.error if result.failed else None
             click.echo(f"[{trigger}] " + _source_line(result, verbose=False))
             if result.failed:
-                click.echo(f"brain: source {_plain(result.name)} failed: {_plain(result.error)}", err=True)
+                click.echo(_failure_line(result), err=True)
         if report.fill_error:
             click.echo(f"brain: embedding stopped, the next sync resumes: {_plain(report.fill_error)}", err=True)
 

@@ -20,7 +20,7 @@ from rag_app.config import Settings
 from rag_app.keyword_store import keyword_stamp, refresh_keyword_index, saved_keyword_ids
 from rag_app.manifest import Manifest
 from rag_app.store import COLLECTION_PREFIX, collection_ids, collection_name, exact_enough, open_chroma
-from rag_app.sync import SyncLock, reembed_stored
+from rag_app.sync import FILL_ERROR, SyncLock, fill_vectors, reembed_stored
 from readers.records import NoteRecord
 
 log = logging.getLogger("cflow_brain.doctor")
@@ -94,6 +94,7 @@ def inspect(settings: Settings, manifest: Manifest, client: Any) -> Findings:
         "bm25_stamp": [] if saved_stamp == stamp else [f"saved {saved_stamp or 'none'}, current {stamp}"],
         "interrupted_compaction": sorted(c.name for c in client.list_collections()
                                          if c.name.endswith((OLD_SUFFIX, NEW_SUFFIX))),
+        "incomplete_channels": incomplete_channels(settings, manifest),
     }
     reembed = {owner[c] for c in problems["missing_vectors"] + problems["missing_chunks"]}
     counts = {
@@ -106,6 +107,18 @@ def inspect(settings: Settings, manifest: Manifest, client: Any) -> Findings:
     }
     return Findings(counts, problems, {n: ids for n, ids in orphans.items() if ids},
                     sorted(reembed))
+
+
+def incomplete_channels(settings: Settings, manifest: Manifest) -> list[str]:
+    """Dense channels whose last fill failed, with the notes still lacking and the reason: search leaves such a
+    channel out (BM25 covers those notes) until it is complete, so a failure that repeats must be named."""
+    out = []
+    for model in settings.models:
+        error = manifest.get_meta(FILL_ERROR + model)
+        lacking = len(manifest.notes_lacking(model)) if error else 0
+        if lacking:
+            out.append(f"{model}: {lacking} notes lack vectors; the last sync could not embed them: {error}")
+    return out
 
 
 def repair_index(settings: Settings, manifest: Manifest, client: Any, findings: Findings) -> dict[str, Any]:
@@ -128,6 +141,7 @@ def repair_index(settings: Settings, manifest: Manifest, client: Any, findings: 
         text, metadata = stored
         records.setdefault(entries[note_id].source, []).append(NoteRecord(id=note_id, text=text, metadata=metadata))
     embedded = reembed_stored(settings, manifest, records).embedded_chunks if records else 0
+    filled = fill_vectors(settings, manifest) if findings.problems["incomplete_channels"] else None
     with manifest.transaction():
         manifest.delete_notes(needs_sync)
     after = inspect(settings, manifest, client)  # re-embedding moved vectors: orphans are counted afresh
@@ -145,6 +159,8 @@ def repair_index(settings: Settings, manifest: Manifest, client: Any, findings: 
         "deleted_chunk_rows": len(after.problems["orphan_chunks"]),
         "bm25_rebuilt": True,
         "needs_sync": needs_sync,
+        "filled_vectors": sum(filled.vectors.values()) if filled else 0,
+        "fill_error": filled.fill_error if filled else None,
     }
     log.info("doctor repaired: %s", {k: v for k, v in done.items() if k != "needs_sync"})
     return done

@@ -134,9 +134,15 @@ class Brain:
         on_source: Callable[[SourceReport], None] | None = None,
         stop: StopRequested | None = None,
         on_searchable: Callable[[], None] | None = None,
+        allow_deletes: tuple[str, ...] = (),
     ) -> SyncReport:
-        return sync_sources(self.settings, self.resolve_sources(vaults, memos, names), progress, on_source, stop,
-                            on_searchable)
+        """`allow_deletes`: sources of this run whose listing may delete most of their notes (see sync._mass_delete)."""
+        specs = self.resolve_sources(vaults, memos, names)
+        outside = sorted(set(allow_deletes) - {s.name for s in specs})
+        if outside:
+            raise ConfigError(f"--allow-deletes {outside[0]}: not a source of this sync; "
+                              f"its sources: {', '.join(s.name for s in specs)}")
+        return sync_sources(self.settings, specs, progress, on_source, stop, on_searchable, frozenset(allow_deletes))
 
     def watch(self, specs: list[SourceSpec], interval: float,
               on_sync: Callable[[str, SyncReport], None] | None = None) -> None:

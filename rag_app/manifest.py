@@ -73,6 +73,18 @@ CREATE TABLE IF NOT EXISTS file_signatures (
 CREATE INDEX IF NOT EXISTS file_signatures_source ON file_signatures(source);
 """
 
+# Vectors of deleted chunks, by the hash of the text a model embedded (`pipeline.embed_hash`) and the model, kept for
+# a while: notes that come back (a folder moved back, a confirmed delete undone) get them instead of being embedded.
+RETAINED_SCHEMA = """
+CREATE TABLE IF NOT EXISTS retained_vectors (
+    embed_hash TEXT NOT NULL,
+    model TEXT NOT NULL,
+    vector BLOB NOT NULL,
+    deleted_at REAL NOT NULL,
+    PRIMARY KEY (embed_hash, model)
+);
+"""
+
 
 @dataclass
 class ManifestEntry:
@@ -161,6 +173,7 @@ class Manifest:
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
         self.db.executescript(SIGNATURE_SCHEMA)
+        self.db.executescript(RETAINED_SCHEMA)
         columns = {row[1] for row in self.db.execute("PRAGMA table_info(chunks)")}
         if "tokens" not in columns:
             self.db.execute("ALTER TABLE chunks ADD COLUMN tokens TEXT")
@@ -307,6 +320,36 @@ class Manifest:
             for mine, other in rows:
                 out.setdefault(mine, other)
         return out
+
+    def embed_hashes_of(self, note_ids: list[str]) -> dict[str, str]:
+        """chunk id → hash of the text a model embeds, for these notes' chunks (older rows without one are left out)."""
+        out: dict[str, str] = {}
+        for batch, marks in _in_batches(note_ids):
+            rows = self.db.execute(f"SELECT chunk_id, embed_hash FROM chunks WHERE note_id IN ({marks}) "
+                                   "AND embed_hash IS NOT NULL", batch)
+            out.update(dict(rows.fetchall()))
+        return out
+
+    def retain_vectors(self, model: str, vectors: dict[str, bytes]) -> None:
+        """Keep deleted chunks' vectors (embed hash → float32 bytes) of `model`, stamped now (see `purge_retained`)."""
+        now = time.time()
+        self.db.executemany("INSERT OR REPLACE INTO retained_vectors VALUES (?, ?, ?, ?)",
+                            [(h, model, v, now) for h, v in vectors.items()])
+
+    def retained_vectors(self, hashes: list[str], model: str) -> dict[str, bytes]:
+        """embed hash → kept vector of `model` (float32 bytes), for the hashes that have one."""
+        out: dict[str, bytes] = {}
+        for batch, marks in _in_batches(hashes):
+            rows = self.db.execute(f"SELECT embed_hash, vector FROM retained_vectors WHERE model = ? "
+                                   f"AND embed_hash IN ({marks})", [model, *batch])
+            out.update(dict(rows.fetchall()))
+        return out
+
+    def purge_retained(self, deleted_before: float, models: set[str]) -> int:
+        """Drop kept vectors deleted before that time, and those of models no longer configured; returns how many."""
+        marks = ",".join("?" * len(models)) or "''"
+        return self.db.execute(f"DELETE FROM retained_vectors WHERE deleted_at < ? OR model NOT IN ({marks})",
+                               [deleted_before, *sorted(models)]).rowcount
 
     def bump_generation(self) -> None:
         """Count chunk changes, so readers can tell whether a saved keyword index is current."""

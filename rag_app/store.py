@@ -84,9 +84,8 @@ class VectorIndex:
         exact_enough(self.collection)
 
     def vector_store(self) -> Any:
-        from llama_index.vector_stores.chroma import ChromaVectorStore
-
-        return ChromaVectorStore(chroma_collection=self.collection)
+        """LlamaIndex's store over this collection, writing in batches Chroma accepts (`max_batch_size`)."""
+        return _batched_store_class()(chroma_collection=self.collection, max_batch=self.client.get_max_batch_size())
 
     def forget(self, note_ids: list[str]) -> None:
         """Remove every chunk of these notes (by their document id, so orphans of a crashed run go too)."""
@@ -94,11 +93,45 @@ class VectorIndex:
             batch = note_ids[start : start + 200]
             self.collection.delete(where={"document_id": {"$in": batch}})
 
+    def vectors_by(self, keys: dict[str, str]) -> dict[str, bytes]:
+        """The stored vectors of these chunk ids, as float32 bytes under the key each id maps to."""
+        import numpy as np
+
+        ids = sorted(keys)
+        out: dict[str, bytes] = {}
+        for start in range(0, len(ids), 500):
+            got = self.collection.get(ids=ids[start : start + 500], include=["embeddings"])
+            for chunk_id, vector in zip(got["ids"], got["embeddings"], strict=True):
+                out[keys[chunk_id]] = np.asarray(vector, dtype=np.float32).tobytes()
+        return out
+
     def count(self) -> int:
         return self.collection.count()
 
     def ids(self) -> set[str]:
         return collection_ids(self.collection)
+
+
+_BATCHED: list[type] = []
+
+
+def _batched_store_class() -> type:
+    """ChromaVectorStore adds up to 41,665 nodes in one call; Chroma refuses more than its `max_batch_size` (5,461
+    embedded), so a note of 7,000 chunks failed every sync. Built on first use: LlamaIndex loads only when needed."""
+    if not _BATCHED:
+        from llama_index.vector_stores.chroma import ChromaVectorStore
+
+        class BatchedChromaVectorStore(ChromaVectorStore):
+            max_batch: int = 5000
+
+            def add(self, nodes: list[Any], **add_kwargs: Any) -> list[str]:
+                ids: list[str] = []
+                for start in range(0, len(nodes), self.max_batch):
+                    ids += super().add(nodes[start : start + self.max_batch], **add_kwargs)
+                return ids
+
+        _BATCHED.append(BatchedChromaVectorStore)
+    return _BATCHED[0]
 
 
 def collection_ids(collection: Any) -> set[str]:

@@ -33,6 +33,10 @@ log = logging.getLogger("cflow_brain.sync")
 WRITE_BATCH_NOTES = 500  # notes chunked and committed at once (no model: fast)
 FILL_BATCH_SECONDS = 2.0  # a fill batch is sized to take about this long, so a stop request is honoured soon
 FIRST_FILL_BATCH, MIN_FILL_BATCH, MAX_FILL_BATCH = 16, 8, 512
+MASS_DELETE_SHARE, MASS_DELETE_MIN = 0.5, 3  # a listing that would delete this share and this many notes is held
+FILL_ERROR = "fill_error:"  # meta key prefix: the last fill failure per model, cleared once its fill completes
+RETAIN_SECONDS = 7 * 86_400  # deleted chunks' vectors are kept this long, by content, for notes that come back
+MAX_NOTE_CHUNKS = 1000  # chunks indexed of one note (~600 kB of text): one note cannot stall a channel or the index
 
 
 class SyncBusyError(Exception):
@@ -65,6 +69,7 @@ class SourceReport:
     deleted: int = 0
     unchanged: int = 0
     skipped: int = 0
+    deletes_held: int = 0  # notes this sync would have deleted but did not: see `_mass_delete`
     failed: bool = False
     error: str | None = None
     warnings: list[str] = field(default_factory=list)
@@ -274,19 +279,27 @@ class _Applier:
             self._indexes[model] = VectorIndex(self.settings, model, client=self.client)
         return self._indexes[model]
 
-    def _forget(self, note_ids: list[str], models: set[str]) -> None:
-        """Remove these notes' vectors from the collections of `models`."""
+    def _forget(self, note_ids: list[str], models: set[str], retain: bool = True) -> None:
+        """Remove these notes' vectors from the collections of `models`; with `retain`, keep them by content first
+        (`RETAIN_SECONDS`), so a note that comes back is not embedded again."""
+        hashes = self.manifest.embed_hashes_of(note_ids) if retain else {}
         for model in sorted(models):
-            self._index(model).forget(note_ids)
+            index = self._index(model)
+            if hashes:
+                with self.manifest.transaction():
+                    self.manifest.retain_vectors(model, index.vectors_by(hashes))
+            index.forget(note_ids)
 
-    def apply(self, source: str, plan: Plan) -> None:
-        if plan.to_embed:
-            self.write_chunks(source, plan.to_embed)
+    def apply(self, source: str, plan: Plan) -> list[str]:
+        """Write the plan; returns warnings about notes (see `write_chunks`)."""
+        warnings = self.write_chunks(source, plan.to_embed) if plan.to_embed else []
         if plan.deleted:
             self.delete(plan.deleted)
+        return warnings
 
-    def write_chunks(self, source: str, records: list[NoteRecord]) -> None:
-        """Chunk notes through an IngestionPipeline (chunker only) and commit chunk rows and tokens per batch."""
+    def write_chunks(self, source: str, records: list[NoteRecord]) -> list[str]:
+        """Chunk notes through an IngestionPipeline (chunker only) and commit chunk rows and tokens per batch. A note
+        keeps its first `MAX_NOTE_CHUNKS` chunks, with a warning (returned)."""
         from rag_app.pipeline import embed_hash
 
         if self._chunker is None:
@@ -294,6 +307,7 @@ class _Applier:
 
             self._chunker = chunking_pipeline(self.settings.chunk_max_chars, self.settings.chunk_overlap)
         self.progress.start(len(records), f"bm25 {source}")
+        warnings: list[str] = []
         for start in range(0, len(records), WRITE_BATCH_NOTES):
             if self.stop:
                 break
@@ -312,6 +326,10 @@ class _Applier:
                 self.manifest.delete_chunks_of(ids)
                 for record in batch:
                     chunk_nodes = by_note[record.id]
+                    if len(chunk_nodes) > MAX_NOTE_CHUNKS:
+                        warnings.append(f"{record.id}: too long to index whole: the first {MAX_NOTE_CHUNKS} of "
+                                        f"{len(chunk_nodes)} chunks are indexed, the rest is not searchable")
+                        chunk_nodes = chunk_nodes[:MAX_NOTE_CHUNKS]
                     rows += [(n.id_, record.id, source, n.text, meta, tokenize(chunk_index_text(n.text, meta)),
                               embed_hash(n)) for n in chunk_nodes for meta in (_chunk_metadata(n.metadata),)]
                     kept = old[record.id].hash if self.keep_hashes and record.id in old else None
@@ -322,12 +340,13 @@ class _Applier:
             self.report.deleted_chunks += sum(len(e.chunk_ids) for e in old.values())
             self.progress.advance(len(batch))
         self.progress.close()
+        return warnings
 
-    def delete(self, note_ids: list[str]) -> None:
+    def delete(self, note_ids: list[str], retain: bool = True) -> None:
         entries = self.manifest.entries_for(note_ids)
         models = {m for e in entries.values() for m in e.models}
         if models:
-            self._forget(note_ids, models)
+            self._forget(note_ids, models, retain)
         with self.manifest.transaction():
             self.manifest.delete_notes(note_ids)
         self.report.deleted_chunks += sum(len(e.chunk_ids) for e in entries.values())
@@ -344,7 +363,7 @@ class _Applier:
         if not lacking:
             return
         from rag_app.embeddings import load_embedding
-        from rag_app.pipeline import embedding_pipeline, nodes_from_rows
+        from rag_app.pipeline import embedding_pipeline
 
         sizes = self.manifest.chunk_counts(lacking)
         total = sum(sizes.values())
@@ -356,8 +375,22 @@ class _Applier:
         self.report.model_loaded = True
         pipeline = embedding_pipeline(embed, index.vector_store())
         self.progress.start(total, model)
-        batch_chunks, done, started = FIRST_FILL_BATCH, 0, time.monotonic()
         queue = deque(lacking)
+        try:
+            self._fill_queue(model, queue, sizes, index, pipeline)
+        except Exception as exc:  # recorded for `brain doctor`, which names a channel that cannot complete and why
+            with self.manifest.transaction():
+                self.manifest.set_meta(f"{FILL_ERROR}{model}", _one_line(exc))
+            raise
+        if not queue:
+            self.manifest.delete_meta(f"{FILL_ERROR}{model}")
+        self.progress.close()
+
+    def _fill_queue(self, model: str, queue: deque[str], sizes: dict[str, int], index: Any, pipeline: Any) -> None:
+        """Embed the queued notes in batches of about `FILL_BATCH_SECONDS`, each committed, until done or stopped."""
+        from rag_app.pipeline import nodes_from_rows
+
+        batch_chunks, done, started = FIRST_FILL_BATCH, 0, time.monotonic()
         while queue and not self.stop:
             batch: list[str] = []
             chunks = 0
@@ -382,21 +415,28 @@ class _Applier:
             self.progress.advance(len(nodes))
             rate = len(nodes) / max(time.monotonic() - batch_started, 1e-3)
             batch_chunks = max(MIN_FILL_BATCH, min(MAX_FILL_BATCH, int(rate * FILL_BATCH_SECONDS)))
-        self.progress.close()
 
     def _reuse_vectors(self, nodes: list[Any], model: str, index: Any) -> list[Any]:
-        """Nodes whose very text is already embedded elsewhere in the home get that vector instead of a new one."""
-        copies = self.manifest.embedded_copies([n.id_ for n in nodes], model)
-        if not copies:
-            return []
-        got = index.collection.get(ids=sorted(set(copies.values())), include=["embeddings"])
-        vectors = dict(zip(got["ids"], got["embeddings"], strict=True))
+        """Nodes whose very text is already embedded elsewhere in the home, or was in a note deleted lately (kept
+        vectors, `RETAIN_SECONDS`), get that vector instead of a new one."""
+        import numpy as np
+
+        from rag_app.pipeline import embed_hash
+
         reused = []
-        for node in nodes:
-            vector = vectors.get(copies.get(node.id_, ""))
-            if vector is not None:
-                node.embedding = [float(x) for x in vector]
-                reused.append(node)
+        copies = self.manifest.embedded_copies([n.id_ for n in nodes], model)
+        if copies:
+            got = index.collection.get(ids=sorted(set(copies.values())), include=["embeddings"])
+            vectors = dict(zip(got["ids"], got["embeddings"], strict=True))
+            for node in nodes:
+                vector = vectors.get(copies.get(node.id_, ""))
+                if vector is not None:
+                    node.embedding = [float(x) for x in vector]
+                    reused.append(node)
+        rest = {embed_hash(n): n for n in nodes if n.embedding is None}
+        for digest, blob in self.manifest.retained_vectors(list(rest), model).items():
+            rest[digest].embedding = np.frombuffer(blob, dtype=np.float32).tolist()
+            reused.append(rest[digest])
         return reused
 
     def finish(self) -> None:
@@ -525,6 +565,19 @@ def reembed_stored(
     return report
 
 
+def fill_vectors(settings: Settings, manifest: Manifest, progress: Progress | None = None) -> SyncReport:
+    """Give every note the vectors it lacks, reading no source: `brain doctor --repair` of a channel a sync could not
+    complete. The caller holds the SyncLock."""
+    report = SyncReport()
+    applier = _Applier(settings, manifest, report, progress or NoProgress(), StopRequested())
+    try:
+        applier.fill()
+    except Exception as exc:  # still failing: said in the repair report, recorded for the next doctor
+        report.fill_error = _one_line(exc)
+    applier.finish()
+    return report
+
+
 def _chunk_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in metadata.items() if not k.startswith("_")}
 
@@ -536,12 +589,14 @@ def sync_sources(
     on_source: Callable[[SourceReport], None] | None = None,
     stop: StopRequested | None = None,
     on_searchable: Callable[[], None] | None = None,
+    allow_deletes: frozenset[str] = frozenset(),
 ) -> SyncReport:
     """Sync the given sources (and only those) into the index under `settings.home`.
 
     Every source is listed and its changes chunked first, then BM25 is saved (keyword search covers every note), then
     the dense models fill in their vectors (`on_searchable` hears when that starts). `stop` (or, in the main thread,
-    Ctrl-C / SIGTERM) ends it early: what is committed stays searchable, and the next sync resumes."""
+    Ctrl-C / SIGTERM) ends it early: what is committed stays searchable, and the next sync resumes. A listing that
+    would delete most of a source is held (see `_mass_delete`) unless the source is named in `allow_deletes`."""
     started = time.monotonic()
     report = SyncReport()
     progress = progress or NoProgress()
@@ -556,7 +611,7 @@ def sync_sources(
             for spec in specs:
                 if stop:
                     break
-                source_report = _sync_one(spec, manifest, applier)
+                source_report = _sync_one(spec, manifest, applier, spec.name in allow_deletes)
                 report.sources.append(source_report)
                 if on_source:
                     on_source(source_report)
@@ -569,6 +624,8 @@ def sync_sources(
                 report.fill_error = _one_line(exc)
                 log.error("filling vectors failed: %s", report.fill_error)
             applier.finish()
+            with manifest.transaction():
+                manifest.purge_retained(time.time() - RETAIN_SECONDS, set(settings.models))
             _widen_search_beam(settings, manifest)
         finally:
             manifest.close()
@@ -587,7 +644,7 @@ def remove_source(settings: Settings, name: str) -> int:
                 raise ConfigError(f"unknown source {name!r}; known: {sorted(manifest.sources()) or 'none'}")
             note_ids = sorted(manifest.entries(name))
             applier = _Applier(settings, manifest, SyncReport(), NoProgress(), StopRequested())
-            applier.delete(note_ids)
+            applier.delete(note_ids, retain=False)  # removing a source is explicit: its vectors go at once
             with manifest.transaction():
                 manifest.delete_source(name)
                 servers = {url_origin(str(row["spec"].get("url"))) for row in manifest.sources().values()
@@ -600,7 +657,7 @@ def remove_source(settings: Settings, name: str) -> int:
     return len(note_ids)
 
 
-def _sync_one(spec: SourceSpec, manifest: Manifest, applier: _Applier) -> SourceReport:
+def _sync_one(spec: SourceSpec, manifest: Manifest, applier: _Applier, allow_deletes: bool = False) -> SourceReport:
     result = SourceReport(name=spec.name, kind=spec.kind)
     first_time = spec.name not in manifest.sources()
     manifest.put_source(spec.name, spec.kind, spec.to_dict())
@@ -623,13 +680,22 @@ def _sync_one(spec: SourceSpec, manifest: Manifest, applier: _Applier) -> Source
     result.skipped = listing.skipped
     for warning in listing.warnings:
         log.warning("%s: %s", spec.name, warning)
-    plan = make_plan(manifest.entries(spec.name), listing.records, listing.kept_ids, applier.chunker_id,
+    entries = manifest.entries(spec.name)
+    plan = make_plan(entries, listing.records, listing.kept_ids, applier.chunker_id,
                      unchanged_ids=listing.unchanged_ids)
+    held = None if allow_deletes else _mass_delete(spec.name, len(entries), plan)
+    if held:
+        result.failed, result.error, result.deletes_held = True, held, len(plan.deleted)
+        log.warning("source %s: %s", spec.name, held)
+        manifest.record_result(spec.name, asdict(result), succeeded=False)
+        return result
     _backfill_docs(manifest, spec.name, listing.records, plan)
     result.added, result.updated = len(plan.added), len(plan.changed)
     result.deleted, result.unchanged = len(plan.deleted), plan.unchanged
     try:
-        applier.apply(spec.name, plan)
+        for warning in applier.apply(spec.name, plan):
+            result.warnings.append(warning)
+            log.warning("%s: %s", spec.name, warning)
     except Exception as exc:  # a store/model failure part-way: finished batches are committed, the rest retried
         result.failed = True
         result.error = _one_line(exc, spec.token_env)
@@ -640,6 +706,20 @@ def _sync_one(spec: SourceSpec, manifest: Manifest, applier: _Applier) -> Source
     manifest.record_result(spec.name, asdict(result), succeeded=True)
     log.info("synced %s: +%d ~%d -%d =%d", spec.name, result.added, result.updated, result.deleted, result.unchanged)
     return result
+
+
+def _mass_delete(name: str, indexed: int, plan: Plan) -> str | None:
+    """Why this plan's deletions are held, or None. An unmounted disk, a sync client that empties a folder before
+    refilling it, a wrong path in config.toml or a Memos server that suddenly lists nothing all look like a source
+    whose notes were deleted: a listing that finds none of the source's notes, or that would delete at least half of
+    them and at least `MASS_DELETE_MIN`, deletes nothing until confirmed. A few deletions in a small source pass."""
+    deleted = len(plan.deleted)
+    listed = indexed - deleted
+    if not deleted or (listed and (deleted < MASS_DELETE_MIN or deleted < MASS_DELETE_SHARE * indexed)):
+        return None
+    return (f"the listing found {listed} of its {indexed} notes, so this sync would delete {deleted} "
+            f"({100 * deleted // indexed} %); nothing was changed. If they are really gone: "
+            f"brain sync --allow-deletes {name} (or brain source remove {name})")
 
 
 def _known_files(spec: SourceSpec, manifest: Manifest, applier: _Applier) -> dict[str, str]:

@@ -164,9 +164,10 @@ class VaultScanner:
                     listing.warnings.append(f"{rel}: not a regular file; skipped")
                     listing.skipped += 1
                     continue
-                if info.st_size > self.max_bytes:
+                if info.st_size > self.max_bytes:  # exists but is not read: like an unreadable file, it stays
                     limit = f"{info.st_size} bytes is over the {self.max_bytes}-byte limit"
-                    listing.warnings.append(f"{rel}: {limit}; skipped")
+                    listing.warnings.append(f"{rel}: {limit}; not read, its indexed copy is kept")
+                    listing.kept_ids.add(note_id)
                     listing.skipped += 1
                     continue
                 raw = path.read_bytes()

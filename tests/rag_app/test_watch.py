@@ -178,3 +178,28 @@ def test_a_symlink_out_of_the_vault_is_never_watched_and_a_new_folder_is(home, m
     finally:
         code = watcher.stop()
     assert code == 0 and found(home, "okapi") == []
+
+
+def test_watch_holds_a_mass_delete_says_so_once_and_keeps_the_index(home, make_vault, tmp_path):
+    """Issue 22: under `brain watch` a vault emptied by a sync client lost all its notes within seconds."""
+    vault = make_vault({f"notes/n{i}.md": f"# Note {i}\n\nlemur fact {i}\n" for i in range(4)})
+    full_env = {k: v for k, v in os.environ.items() if k not in ("CFLOW_API_TOKEN", "MEMOS_TOKEN", "BRAIN_HOME")}
+    process = subprocess.Popen([*BRAIN, "--home", str(home), "watch", "--vault", str(vault)], cwd=REPO, env=full_env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    errors: list[str] = []
+    threading.Thread(target=lambda: errors.extend(process.stderr), daemon=True).start()
+    try:
+        wait_for(lambda: len(found(home, "lemur")) == 4, 120)
+        (vault / "notes").rename(tmp_path / "away")  # the folder emptied at once
+        wait_for(lambda: any("--allow-deletes notes" in line for line in errors), 30)
+        (vault / "empty folder").mkdir()  # another change: the next sync is held for the same reason
+        time.sleep(4)
+        (tmp_path / "away").rename(vault / "notes")
+        time.sleep(4)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(timeout=30)
+    assert code == 0
+    held = [line for line in errors if "--allow-deletes" in line]
+    assert len(held) == 1 and "found 0 of its 4 notes" in held[0], errors
+    assert len(found(home, "lemur")) == 4 and Brain(home).status()["notes"] == 4

@@ -368,12 +368,12 @@ def test_binary_file_named_md_is_skipped_with_a_warning(make_vault: MakeVault) -
     )
 
 
-def test_oversize_file_is_skipped_with_a_warning(make_vault: MakeVault) -> None:
-    """A file over `max_bytes` is skipped; one exactly at the limit is read."""
+def test_oversize_file_is_not_read_and_keeps_its_indexed_copy(make_vault: MakeVault) -> None:
+    """A file over `max_bytes` is not read but exists, so its indexed copy stays (kept); one at the limit is read."""
     listing = scan(make_vault({"big.md": "x" * 101, "edge.md": "y" * 100}), max_bytes=100)
     assert [r.metadata["path"] for r in listing.records] == ["edge.md"]
-    assert listing.warnings == ["big.md: 101 bytes is over the 100-byte limit; skipped"]
-    assert listing.skipped == 1
+    assert listing.warnings == ["big.md: 101 bytes is over the 100-byte limit; not read, its indexed copy is kept"]
+    assert (listing.skipped, listing.kept_ids) == (1, {"vault:notes/big.md"})
 
 
 def test_empty_file_is_a_note_with_empty_text(make_vault: MakeVault) -> None:
