@@ -214,7 +214,9 @@ class Brain:
         return self._search_index
 
     def _complete_models(self) -> tuple[str, ...]:
-        """The configured dense models whose vectors cover every note (re-read when the manifest's progress moved)."""
+        """The dense models to search with, main first: those whose vectors cover every note (re-read when the
+        manifest's progress moved). Until the configured main model is complete, a previous main model that still
+        covers every note (a model switch keeps its collection until the new one is complete) takes its place."""
         if not self.settings.manifest_path.exists():
             return tuple(self.settings.models)
         manifest = self._search_index.manifest if self._search_index is not None else Manifest(
@@ -223,18 +225,22 @@ class Brain:
             stamp = manifest.progress_stamp()
             if self._progress is None or self._progress[0] != stamp:
                 total, per_model = manifest.channel_counts()
-                self._progress = (stamp, tuple(m for m in self.settings.models if per_model.get(m, 0) >= total))
+                complete = [m for m in self.settings.models if per_model.get(m, 0) >= total]
+                previous = sorted(m for m, n in per_model.items() if n >= total and m not in self.settings.models)
+                if previous and self.settings.embedding_model not in complete:
+                    complete = [previous[0], *complete]  # the old main model, beside a complete second channel
+                self._progress = (stamp, tuple(complete[:2]))
             return self._progress[1]
         finally:
             if self._search_index is None:
                 manifest.close()
 
-    def _searchable_settings(self, complete: tuple[str, ...]) -> Settings:
-        """The settings a search runs with: all models once complete; during a fill, the complete ones only (USE-m3
-        alone means the fast mode's weights, tuned for it). With none complete, hybrid search is BM25 alone."""
-        if not complete or list(complete) == self.settings.models:
+    def _searchable_settings(self, models: tuple[str, ...]) -> Settings:
+        """The settings a search runs with: all configured models once complete; during a fill, the complete ones
+        only (USE-m3 alone means the fast mode's weights, tuned for it). With none, hybrid search is BM25 alone."""
+        if not models or list(models) == self.settings.models:
             return self.settings
-        return replace(self.settings, embedding_model=complete[0], second_model="")
+        return replace(self.settings, embedding_model=models[0], second_model=models[1] if models[1:] else "")
 
     def llm(self) -> Any | None:
         if self._llm is None:
@@ -279,6 +285,9 @@ class Brain:
         filling = [m for m in self.settings.models if m not in self._search_models]
         if filling:
             response.coverage["filling_vectors"] = filling  # searched without them: BM25 covers every note
+        previous = [m for m in self._search_models if m not in self.settings.models]
+        if previous and mode != "bm25":
+            response.coverage["searched_with"] = previous  # the models being replaced, complete until the new ones are
         if freshness:
             response.coverage["freshness"] = freshness
         return response

@@ -6,8 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import chromadb
+
 from rag_app.engine import Brain
 from rag_app.manifest import Manifest
+from rag_app.store import collection_name
 from tests.doubles.embeddings_server import EmbeddingsDouble
 from tests.doubles.memos_server import MemosDouble, seed_memos
 from tests.rag_app.test_cli import brain
@@ -219,3 +222,27 @@ def test_a_vault_note_grown_over_the_size_limit_keeps_its_indexed_copy(home, mak
     assert any("sleep.md" in w and "indexed copy is kept" in w for w in source.warnings), source.warnings
     assert chroma_ids(home) == before
     assert Brain(home).search("same time every night", mode="bm25").results[0]["path"] == "sleep.md"
+
+
+# ---- item 8: a model switch keeps searching with the old model until the new one is complete ----------------
+
+
+def test_after_a_model_switch_search_uses_the_old_models_complete_vectors(home, make_vault):
+    from rag_app.sync import StopRequested
+
+    vault = make_vault(NOTES)
+    Brain(home).sync(vaults=(str(vault),))
+    (home / "config.toml").write_text('[embedding]\nmodel = "e5-small"\nsecond_model = ""\n', encoding="utf-8")
+    stop = StopRequested()
+    Brain(home).sync(vaults=(str(vault),), stop=stop, on_searchable=stop.set)  # the new model has nothing yet
+
+    during = Brain(home).search("想看的电影")
+
+    assert set(during.coverage["channels"]) == {"bm25", "vector"}
+    assert during.coverage["filling_vectors"] == ["e5-small"]
+    assert during.coverage["searched_with"] == ["use-m3"]
+    client = chromadb.PersistentClient(path=str(home / "chroma"))
+    assert collection_name("use-m3") in {c.name for c in client.list_collections()}  # kept until e5 is complete
+    Brain(home).sync(vaults=(str(vault),))
+    after = Brain(home).search("想看的电影")
+    assert "filling_vectors" not in after.coverage and "searched_with" not in after.coverage
