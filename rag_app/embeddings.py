@@ -141,7 +141,10 @@ class RemoteEmbeddingError(StoreError):
     """The embeddings server failed (after retries where retrying makes sense). One line, never the key.
 
     A StoreError: like an unreachable Chroma server, the index cannot be used as configured (a sync fails the
-    source; a search exits with this line)."""
+    source; a search exits with this line). `partial`: text → vector of the requests of the failed call that did
+    succeed, so a sync keeps them instead of asking the server for them again."""
+
+    partial: dict[str, list[float]] = {}
 
 
 def server_embedding(name: str, dimensions: int | None, options: RemoteEmbedding) -> BaseEmbedding:
@@ -236,12 +239,23 @@ def _server_embedding_class() -> type[BaseEmbedding]:
             """Requests of `request_size` texts, `concurrency` in flight; the first failure cancels the rest."""
             request = super()._get_text_embeddings
             pieces = [texts[i : i + self.request_size] for i in range(0, len(texts), self.request_size)]
-            if len(pieces) == 1 or self.concurrency == 1:
-                vectors = []
-                for piece in pieces:
-                    vectors += self._embed_piece(request, piece)
-                return vectors
             results: dict[int, list[list[float]]] = {}
+            try:
+                if len(pieces) == 1 or self.concurrency == 1:
+                    for n, piece in enumerate(pieces):
+                        results[n] = self._embed_piece(request, piece)
+                else:
+                    self._embed_concurrently(request, pieces, results)
+            except RemoteEmbeddingError as exc:
+                exc.partial = {t: v for n, vectors in results.items() for t, v in zip(pieces[n], vectors, strict=True)}
+                raise
+            return [v for n in range(len(pieces)) for v in results[n]]
+
+        def _embed_concurrently(self, request: Callable[[list[str]], list[list[float]]], pieces: list[list[str]],
+                                results: dict[int, list[list[float]]]) -> None:
+            """Fill `results` (piece number → vectors), `concurrency` requests in flight; the first failure cancels
+            the rest and is raised once the requests in flight have ended (their vectors are in `results`)."""
+            failure: BaseException | None = None
             with ThreadPoolExecutor(max_workers=min(self.concurrency, len(pieces)),
                                     thread_name_prefix="embed") as pool:
                 futures = {pool.submit(self._embed_piece, request, piece): n for n, piece in enumerate(pieces)}
@@ -249,12 +263,16 @@ def _server_embedding_class() -> type[BaseEmbedding]:
                 while pending:
                     done, pending = wait(pending, return_when=FIRST_EXCEPTION)
                     for future in done:
-                        if future.exception() is not None:
+                        if future.cancelled():
+                            continue
+                        if future.exception() is None:
+                            results[futures[future]] = future.result()
+                        elif failure is None:
+                            failure = future.exception()
                             for other in pending:
                                 other.cancel()
-                            raise future.exception()  # type: ignore[misc]
-                        results[futures[future]] = future.result()
-            return [v for n in range(len(pieces)) for v in results[n]]
+            if failure is not None:
+                raise failure
 
         def _embed_piece(self, request: Callable[[list[str]], list[list[float]]],
                          piece: list[str]) -> list[list[float]]:

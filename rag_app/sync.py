@@ -403,7 +403,11 @@ class _Applier:
             reused = self._reuse_vectors(nodes, model, index)
             fresh = [n for n in nodes if n.embedding is None]
             if fresh:
-                pipeline.run(nodes=fresh)
+                try:
+                    pipeline.run(nodes=fresh)
+                except Exception as exc:
+                    self._keep_partial(model, batch, nodes, getattr(exc, "partial", {}), index)
+                    raise
             if reused:
                 index.vector_store().add(reused)
                 self.report.reused_vectors += len(reused)
@@ -415,6 +419,35 @@ class _Applier:
             self.progress.advance(len(nodes))
             rate = len(nodes) / max(time.monotonic() - batch_started, 1e-3)
             batch_chunks = max(MIN_FILL_BATCH, min(MAX_FILL_BATCH, int(rate * FILL_BATCH_SECONDS)))
+
+    def _keep_partial(self, model: str, batch: list[str], nodes: list[Any], partial: dict[str, list[float]],
+                      index: Any) -> None:
+        """A batch failed part-way (an embedding server died): commit the notes whose chunks all got vectors before
+        it did, and keep the other vectors it got by content (as for deleted notes), so the next sync embeds none of
+        them again."""
+        import numpy as np
+        from llama_index.core.schema import MetadataMode
+
+        from rag_app.pipeline import embed_hash
+
+        for node in nodes:
+            if node.embedding is None:
+                node.embedding = partial.get(node.get_content(metadata_mode=MetadataMode.EMBED))
+        lacking = {n.ref_doc_id for n in nodes if n.embedding is None}
+        kept = {embed_hash(n): np.asarray(n.embedding, dtype=np.float32).tobytes() for n in nodes
+                if n.ref_doc_id in lacking and n.embedding is not None}
+        if kept:
+            with self.manifest.transaction():
+                self.manifest.retain_vectors(model, kept)
+        whole = [note for note in batch if note not in lacking]
+        if not whole:
+            return
+        index.vector_store().add([n for n in nodes if n.ref_doc_id not in lacking])
+        with self.manifest.transaction():
+            self.manifest.add_model(whole, model)
+        count = sum(1 for n in nodes if n.ref_doc_id not in lacking)
+        self.report.vectors[model] = self.report.vectors.get(model, 0) + count
+        self.progress.advance(count)
 
     def _reuse_vectors(self, nodes: list[Any], model: str, index: Any) -> list[Any]:
         """Nodes whose very text is already embedded elsewhere in the home, or was in a note deleted lately (kept

@@ -8,7 +8,7 @@ are both served (the openai client asks for base64 unless told otherwise); `dime
 Knobs, all mutable while the server runs: `delay` (seconds slept per request), `fail_after` (requests answered before
 every later one fails with `fail_status`), `fail_next` (statuses for the next requests, in order), `retry_after`
 (a Retry-After header on injected failures), `api_key` (required bearer). Every request is recorded with its
-Authorization header; `max_in_flight` is the most requests served at once.
+Authorization header; `max_in_flight` is the most requests served at once; `embedded` counts the texts answered.
 
 Run standalone: `python -m tests.doubles.embeddings_server --port 8089 --delay 0.05`.
 """
@@ -67,6 +67,7 @@ class EmbeddingsDouble:
         self.retry_after: float | None = None
         self.requests: list[dict[str, Any]] = []
         self.served = 0
+        self.embedded = 0
         self.in_flight = 0
         self.max_in_flight = 0
         self._port = port
@@ -140,6 +141,8 @@ class EmbeddingsDouble:
                     encoded: Any = base64.b64encode(vector.tobytes()).decode() if as_base64 else vector.tolist()
                     data.append({"object": "embedding", "index": index, "embedding": encoded})
                 tokens = sum(len(t) for t in texts)
+                with double._lock:
+                    double.embedded += len(texts)
                 self._send(200, {"object": "list", "data": data, "model": body.get("model", "double"),
                                  "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import logging
 import re
+import sqlite3
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
@@ -178,6 +180,24 @@ def test_a_key_echoed_where_the_servers_message_used_to_be_cut_never_shows(serve
     assert KEY[:8] not in failed.stdout + failed.stderr + log
 
 
+def test_texts_a_dying_server_embedded_before_it_failed_are_never_embedded_again(server, tmp_path, monkeypatch):
+    """Issue 22: after a server died mid-index, 24 texts were embedded twice: the requests of the failing batch that
+    had succeeded were thrown away with it. Now the notes they complete are committed before the sync stops."""
+    monkeypatch.setenv("EMBEDDING_API_KEY", KEY)
+    vault = tmp_path / "vault"
+    write_notes(vault, 100)
+    home = remote_home(tmp_path / "home", server.url, "max_retries = 0\n")
+    server.fail_after, server.retry_after = 6, 0  # the third batch meets the failure after some of its requests
+    failed = Brain(home).sync(vaults=(str(vault),))
+    assert failed.fill_error and "HTTP 500" in failed.fill_error
+    server.fail_after = None
+    resumed = Brain(home).sync(vaults=(str(vault),))
+    chunks = Brain(home).status()["chunks"]
+    assert not resumed.failed
+    assert failed.vectors["openai:double-embed"] + resumed.vectors["openai:double-embed"] == chunks
+    assert server.embedded == chunks
+
+
 def test_a_server_failing_mid_index_fails_the_sync_in_one_line_and_the_next_sync_completes(server, tmp_path):
     """Every note is searchable by keyword at once; vector batches that finished stay; the next sync embeds only the
     rest (nothing twice) and ends up exactly where one clean run does."""
@@ -199,9 +219,11 @@ def test_a_server_failing_mid_index_fails_the_sync_in_one_line_and_the_next_sync
 
     server.fail_after = None
     before = len(server.requests)
+    with closing(sqlite3.connect(home / "index.sqlite")) as db:  # vectors of notes the failing batch half did
+        kept = db.execute("SELECT COUNT(*) FROM retained_vectors").fetchone()[0]
     resumed = run_brain(home, "sync", "--vault", str(vault), env=env)
     assert resumed.returncode == 0, resumed.stderr
-    assert sum(server.input_sizes()[before:]) == len(chunk_ids) - len(partial["vectors"])
+    assert sum(server.input_sizes()[before:]) == len(chunk_ids) - len(partial["vectors"]) - kept
     assert convergence_problems(home, titles) == []
 
     clean = remote_home(tmp_path / "clean", server.url)
