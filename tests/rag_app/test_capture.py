@@ -69,7 +69,9 @@ def test_captures_never_overwrite_and_never_leave_the_folder(home: Path, make_va
     outside.mkdir()
     other = make_vault({"b.md": "# b\n"}, name="other")
     (other / "Inbox").symlink_to(outside, target_is_directory=True)
-    brain = vault_home(home, other)
+    second_home = tmp_path / "second-home"  # pointing "notes" at another vault in the same home is a held mass delete
+    second_home.mkdir()
+    brain = vault_home(second_home, other)
     with pytest.raises(SourceError, match="must be a real folder inside the vault"):
         brain.capture("this must not land outside the vault")
     assert list(outside.iterdir()) == []

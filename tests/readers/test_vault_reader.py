@@ -34,7 +34,7 @@ def test_warnings_are_exposed_on_the_reader(make_vault: MakeVault) -> None:
     documents = reader.load_data()
     assert [doc.id_ for doc in documents] == ["vault:notes/ok.md"]
     assert reader.warnings == [
-        "big.md: 50 bytes is over the 20-byte limit; skipped",
+        "big.md: 50 bytes is over the 20-byte limit; not read, its indexed copy is kept",
         "blob.md: binary content in a .md file; skipped",
     ]
 
