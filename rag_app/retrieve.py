@@ -25,6 +25,7 @@ from llama_index.core.retrievers import QueryFusionRetriever
 from llama_index.core.retrievers.fusion_retriever import FUSION_MODES
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
+from rag_app import relevance
 from rag_app.config import Settings
 from rag_app.keyword import KeywordIndex, is_question_word, to_simplified, tokenize
 from rag_app.keyword_store import keyword_stamp, open_keyword_index
@@ -34,6 +35,7 @@ from rag_app.time_phrases import extract_time_range
 from readers.records import decode_list
 
 EXCERPT_CHARS = 300
+BACKGROUND_SAMPLE = 512  # chunks whose similarity to a query is its background (fixed per index generation)
 GATED_SKIP = 0.01
 CONFIDENCE_CAP = 2.0
 
@@ -44,6 +46,7 @@ class _Timing:
 
 
 NODE_CACHE_MAX = 5_000  # nodes kept between searches (~3.5 KB each)
+QUERY_VECTOR_CACHE = 512  # query embeddings kept (an agent's variants, a repeated question), oldest dropped first
 
 
 class SearchIndex:
@@ -64,6 +67,7 @@ class SearchIndex:
         self._facts: list[NoteFacts] | None = None
         self._facts_stamp = ""
         self._query_vectors: dict[tuple[str, str], list[float]] = {}
+        self._backgrounds: dict[tuple[str, str], np.ndarray | None] = {}
         self.timing = _Timing()
 
     def close(self) -> None:
@@ -113,9 +117,40 @@ class SearchIndex:
 
                 self._embeds[model] = load_embedding(model, self.settings)
             started = time.perf_counter()
+            if len(self._query_vectors) >= QUERY_VECTOR_CACHE:  # bounded: a page or MCP server runs for days
+                self._query_vectors.pop(next(iter(self._query_vectors)))
             self._query_vectors[key] = self._embeds[model].get_query_embedding(text)
             self.timing.embed_ms += (time.perf_counter() - started) * 1000
         return self._query_vectors[key]
+
+    def background(self, model: str) -> np.ndarray | None:
+        """A fixed sample of a model's chunk vectors, the same for every search until the index changes: a query's
+        similarities to it are its background, against which a hit's similarity means the same in every query."""
+        key = (model, self.stamp)
+        if key not in self._backgrounds:
+            collection, ids = self.collection(model), self.manifest.stored_chunk_ids()
+            sample = None
+            if collection is not None and len(ids) > 1:
+                ordered = sorted(ids)
+                rows = np.random.default_rng(0).choice(len(ordered), size=min(BACKGROUND_SAMPLE, len(ordered)),
+                                                       replace=False)
+                got = collection.get(ids=[ordered[i] for i in sorted(rows)], include=["embeddings"])
+                if len(got["ids"]) > 1:
+                    sample = np.asarray(got["embeddings"], dtype=np.float32)
+            self._backgrounds = {k: v for k, v in self._backgrounds.items() if k[1] == key[1]}
+            self._backgrounds[key] = sample
+        return self._backgrounds[key]
+
+    def similarity_background(self, text: str, model: str) -> tuple[float, float] | None:
+        """Mean and standard deviation of a query's similarity to the background sample (both scripts of a
+        Traditional query, the better of the two per chunk, as the vector channel scores it)."""
+        sample = self.background(model)
+        if sample is None:
+            return None
+        texts = [text] + ([folded] if (folded := to_simplified(text)) != text else [])
+        queries = np.asarray([self.embed_query(t, model) for t in texts], dtype=np.float32)
+        sims = (sample @ queries.T).max(axis=1)
+        return float(sims.mean()), float(sims.std()) or 1e-6
 
     def facts(self) -> list[NoteFacts]:
         """What filters look at, once per note (not per chunk: 100k chunks' metadata held 350 MB), reloaded when the
@@ -452,6 +487,8 @@ class NoteFusionRetriever(QueryFusionRetriever):
             query_gen_prompt=QUERY_GEN_PROMPT,
         )
         self.queries_run: list[str] = []
+        self.results: dict[tuple[str, int], list[NodeWithScore]] = {}
+        self.skipped_runs: set[tuple[str, str]] = set()
         self.channel_hits: dict[str, int] = {n: 0 for n in names}
         self.channel_weights: dict[str, list[float]] = {n: [] for n in names}
         self.channel_skipped: dict[str, int] = {n: 0 for n in names}
@@ -470,6 +507,7 @@ class NoteFusionRetriever(QueryFusionRetriever):
                 if self.names[i] == self.gated and gated_out(self._lists(text, results), *self._evidence(text),
                                                              self.config):
                     self.channel_skipped[self.names[i]] += 1
+                    self.skipped_runs.add((text, self.names[i]))
                     results[(text, i)] = []
                     continue
                 results[(text, i)] = retriever.retrieve(query)
@@ -497,6 +535,7 @@ class NoteFusionRetriever(QueryFusionRetriever):
         return [QueryBundle(v) for v in parse_variants(reply, self.num_queries - 1) if v != original_query]
 
     def _reciprocal_rerank_fusion(self, results: dict[tuple[str, int], list[NodeWithScore]]) -> list[NodeWithScore]:
+        self.results = results
         nodes: dict[str, NodeWithScore] = {}
         for (query, i), hits in results.items():
             if query not in self.queries_run:
@@ -528,13 +567,18 @@ QUERY_GEN_PROMPT = (
 
 @dataclass
 class SearchResponse:
+    """`not_found`: no result reaches "related" (the notes do not seem to hold the answer; results stay as leads).
+    `evidence`: per result note, the relevance model's key and features for each query run (for the fitting bench)."""
+
     query: str
     results: list[dict[str, Any]]
     coverage: dict[str, Any]
     timing: dict[str, float] = field(default_factory=dict)
+    not_found: bool = False
+    evidence: dict[str, list[tuple[str, dict[str, float]]]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"query": self.query, "results": self.results, "coverage": self.coverage}
+        return {"query": self.query, "not_found": self.not_found, "results": self.results, "coverage": self.coverage}
 
 
 def search(
@@ -583,6 +627,13 @@ def search(
                                  variants=[clean_query(v) for v in variants or []])
     fused = fusion.retrieve(text)
     results = collapse(index, fused, k, config.chunks_per_note, text)
+    rated = time.perf_counter()
+    evidence = note_evidence(index, fusion, fused, [r["note_id"] for r in results])
+    for result in results:
+        result["relevance"] = round(max((relevance.probability(key, features)
+                                         for key, features in evidence[result["note_id"]]), default=0.0), 4)
+        result["strength"] = relevance.strength(result["relevance"])
+    rate_ms = (time.perf_counter() - rated) * 1000
     total_ms = (time.perf_counter() - started) * 1000
     coverage = {
         "mode": mode,
@@ -597,7 +648,8 @@ def search(
     }
     return SearchResponse(query, results, coverage,
                           {"total_ms": total_ms, "embed_ms": index.timing.embed_ms,
-                           "ours_ms": total_ms - index.timing.embed_ms})
+                           "ours_ms": total_ms - index.timing.embed_ms, "relevance_ms": rate_ms},
+                          relevance.not_found(results), evidence)
 
 
 def collapse(index: SearchIndex, fused: list[NodeWithScore], k: int, per_note: int, query: str) -> list[dict[str, Any]]:
@@ -622,16 +674,101 @@ def collapse(index: SearchIndex, fused: list[NodeWithScore], k: int, per_note: i
         result = _result(note_id, hits, terms)
         seen_hash[digest] = result
         results.append(result)
-    best = results[0]["score"] if results else 0.0
-    for result in results:
-        result["strength"] = strength(result["score"], best)
     return results
 
 
-def strength(score: float, best: float) -> str:
-    """A result's relevance label against the best of its search: strong (≥ 0.8 of it), related (≥ 0.5) or weak."""
-    ratio = score / best if best else 0.0
-    return "strong" if ratio >= 0.8 else "related" if ratio >= 0.5 else "weak"
+def note_evidence(index: SearchIndex, fusion: NoteFusionRetriever, fused: list[NodeWithScore],
+                  note_ids: list[str]) -> dict[str, list[tuple[str, dict[str, float]]]]:
+    """Per note, for the question and each variant: the relevance model's key (the channels that ran) and the
+    evidence it reads (rag_app.relevance). Lexical features come from BM25's postings, dense ones from the channel's
+    own list (a note below its list scores at the list's floor) against the query's background."""
+    chunks_of: dict[str, list[str]] = {n: [] for n in note_ids}
+    meta_of: dict[str, dict[str, Any]] = {}
+    for hit in fused:
+        note = str(hit.node.metadata.get("note_id"))
+        if note in chunks_of:
+            chunks_of[note].append(hit.node.node_id)
+            meta_of.setdefault(note, hit.node.metadata)
+    models = dict(zip(("vector", "vector2"), index.settings.models, strict=False))
+    title_tokens = {n: set(tokenize(f"{m.get('title') or ''} {' '.join(decode_list(m.get('tags')))}"))
+                    for n, m in meta_of.items()}
+    note_by_chunk = {h.node.node_id: str(h.node.metadata.get("note_id")) for hits in fusion.results.values()
+                     for h in hits}
+    out: dict[str, list[tuple[str, dict[str, float]]]] = {n: [] for n in note_ids}
+    for query in fusion.queries_run:
+        lists = fusion._lists(query, fusion.results)
+        features: dict[str, dict[str, float]] = {n: {} for n in note_ids}
+        parts: list[str] = []
+        for name, hits in lists.items():
+            if (query, name) in fusion.skipped_runs or (name != "bm25" and not hits):
+                continue
+            if name == "bm25":
+                parts.append("bm25")
+                _lexical_features(fusion, query, chunks_of, title_tokens, features)
+            else:
+                parts.append(relevance.dense_family(models[name]))
+                _dense_features(index, query, models[name], hits, chunks_of, features, relevance.dense_family(
+                    models[name]))
+        if not parts:
+            continue
+        tops = [{note_by_chunk.get(c) for c, _ in hits[:3]} for name, hits in lists.items()
+                if (query, name) not in fusion.skipped_runs and (name == "bm25" or hits)]
+        for note in note_ids:
+            features[note][relevance.AGREE] = sum(note in top for top in tops) / len(tops)
+            out[note].append((relevance.channel_key(parts), features[note]))
+    return out
+
+
+def _lexical_features(fusion: NoteFusionRetriever, query: str, chunks_of: dict[str, list[str]],
+                      title_tokens: dict[str, set[str]], features: dict[str, dict[str, float]]) -> None:
+    """Per note: the share of the query's IDF mass its best chunk holds, the share its title and tags hold, how
+    much of the query the notes know at all, and how far its BM25 score stands out of BM25's list."""
+    terms, contains = fusion._evidence(query)
+    if terms is None:
+        return
+    weights = terms.weights()
+    total = float(weights.sum())
+    known = float(weights[[i is not None for i in terms.idfs]].sum()) / total if total > 0 else 0.0
+    every = [c for chunks in chunks_of.values() for c in chunks]
+    matrix = contains(every) if every else np.zeros((0, len(weights)), dtype=bool)
+    row = {chunk_id: i for i, chunk_id in enumerate(every)}
+    gaps = _list_gaps(fusion._lists(query, fusion.results)["bm25"], chunks_of)
+    for note, chunks in chunks_of.items():
+        held = matrix[[row[c] for c in chunks]] if chunks else np.zeros((1, len(weights)), dtype=bool)
+        titled = sum(w for t, w in zip(terms.tokens, weights, strict=True) if t in title_tokens.get(note, ()))
+        features[note].update(lexical=float((held @ weights).max()) / total if total > 0 else 0.0, known=known,
+                              title=float(titled) / total if total > 0 else 0.0, bm25_gap=gaps[note])
+
+
+def _list_gaps(hits: list[tuple[str, float]], chunks_of: dict[str, list[str]]) -> dict[str, float]:
+    """How far each note's best score stands above its channel's list, in the list's standard deviations (a note
+    below the list sits at its floor): an answer usually stands out; for a question nothing answers, nothing does."""
+    if len(hits) < 3:
+        return {note: 0.0 for note in chunks_of}
+    values = np.asarray([score for _, score in hits], dtype=np.float64)
+    mean, std = float(values.mean()), float(values.std()) or 1e-6
+    scores = dict(hits)
+    return {note: (max((scores[c] for c in chunks if c in scores), default=float(values[-1])) - mean) / std
+            for note, chunks in chunks_of.items()}
+
+
+def _dense_features(index: SearchIndex, query: str, model: str, hits: list[tuple[str, float]],
+                    chunks_of: dict[str, list[str]], features: dict[str, dict[str, float]], family: str) -> None:
+    """z-score of the note's best similarity over the query's background, less the expected best of N draws
+    (sqrt(2 ln N)): an unrelated query's best hit in a larger corpus stands further out by chance alone; and how
+    far it stands out of the channel's own list."""
+    background = index.similarity_background(query, model)
+    if background is None:
+        return
+    mean, std = background
+    scores = dict(hits)
+    floor = hits[-1][1]
+    chance = float(np.sqrt(2 * np.log(max(index.collection_size(model), 2))))
+    gaps = _list_gaps(hits, chunks_of)
+    for note, chunks in chunks_of.items():
+        best = max((scores[c] for c in chunks if c in scores), default=floor)
+        features[note][family] = (best - mean) / std - chance
+        features[note][f"{family}_gap"] = gaps[note]
 
 
 def _result(note_id: str, hits: list[NodeWithScore], terms: list[str]) -> dict[str, Any]:

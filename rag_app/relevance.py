@@ -1,0 +1,70 @@
+"""How likely a search result answers the query: a calibrated `relevance` in [0, 1], the `strength` label and the
+"not in your notes" state derived from it, the same on every shell.
+
+The fused score ranks well but means nothing across queries (an off-topic best hit scores like a real one), so
+relevance is computed from evidence that does: how much of the query's IDF mass the note contains (and its title),
+how much of the query the notes know at all, each dense channel's similarity against the query's own background
+(a z-score over a fixed sample of chunks, less the expected best of that many draws) and whether the channels agree.
+A logistic model per set of channels that ran turns that into a probability; `bench/relevance_fit.py` fits it on the
+dev sets (answerable queries and other sets' queries asked of each corpus) and writes `relevance_model.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+MODEL_FILE = Path(__file__).with_name("relevance_model.json")
+STRONG = 0.3  # relevance cut-points, fixed for every home and shell (chosen on the dev sets: docs/retrieval.md)
+RELATED = 0.1
+AGREE = "agree"
+FEATURES = ("lexical", "title", "known", "bm25_gap", "e5", "e5_gap", "use", "use_gap", AGREE)  # what a model reads
+
+
+def channel_key(channels: Iterable[str]) -> str:
+    """The model a set of channels uses: "bm25", "e5", "use" joined in that order (any dense model other than USE-m3
+    counts as "e5": a remote or HuggingFace model uses e5's coefficients, its z-scores being comparable)."""
+    order = {"bm25": 0, "e5": 1, "use": 2}
+    return "+".join(sorted(set(channels), key=order.__getitem__))
+
+
+def dense_family(model: str) -> str:
+    from rag_app.config import FAST_EMBEDDING
+
+    return "use" if model == FAST_EMBEDDING else "e5"
+
+
+@lru_cache(maxsize=1)
+def _models() -> dict[str, dict[str, float]]:
+    return json.loads(MODEL_FILE.read_text(encoding="utf-8"))["models"]
+
+
+def probability(key: str, features: Mapping[str, float],
+                models: Mapping[str, Mapping[str, float]] | None = None) -> float:
+    """P(this note answers the query) under the model for these channels (`models`: the shipped file by default);
+    a channel set without a model falls back to the largest set that has one and is contained in this one (features
+    of the missing channels are ignored)."""
+    models = _models() if models is None else models
+    weights = models.get(key)
+    if weights is None:
+        parts = set(key.split("+"))
+        fitting = [k for k in models if set(k.split("+")) <= parts]
+        if not fitting:
+            return 0.0
+        weights = models[max(fitting, key=lambda k: len(k.split("+")))]
+    z = weights.get("bias", 0.0) + sum(w * features.get(name, 0.0) for name, w in weights.items() if name != "bias")
+    return 1.0 / (1.0 + math.exp(-max(-40.0, min(40.0, z))))
+
+
+def strength(relevance: float) -> str:
+    """strong (likely answers), related (may help), weak (a lead only): fixed cut-points on relevance."""
+    return "strong" if relevance >= STRONG else "related" if relevance >= RELATED else "weak"
+
+
+def not_found(results: Iterable[Mapping[str, Any]]) -> bool:
+    """No result reaches "related": the notes do not seem to hold the answer (results stay, as leads)."""
+    return not any(r.get("relevance", 0.0) >= RELATED for r in results)

@@ -1,0 +1,86 @@
+"""Relevance: a probability on one scale for every query, fixed strength cut-points, and "not in your notes"."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rag_app import relevance
+from rag_app.relevance import RELATED, STRONG, channel_key, not_found, probability, strength
+
+NOT_IN_THE_SAMPLE_VAULT = ["潜水艇驾驶执照", "xylophonegiraffe", "量子色动力学格点规范",
+                           "how to file a tax return in Germany", "qwpzkvmd"]
+IN_THE_SAMPLE_VAULT = [("我想看哪些电影", "电影清单"), ("docker 怎么删除停止的容器", "Docker 常用命令")]
+
+
+def test_strength_comes_from_fixed_cut_points_not_from_the_best_hit() -> None:
+    assert strength(STRONG) == "strong" and strength(0.99) == "strong"
+    assert strength(RELATED) == "related" and strength(STRONG - 1e-6) == "related"
+    assert strength(RELATED - 1e-6) == "weak" and strength(0.0) == "weak"
+
+
+def test_not_found_when_no_result_reaches_related() -> None:
+    assert not_found([])
+    assert not_found([{"relevance": RELATED - 0.01}, {"relevance": 0.01}])
+    assert not not_found([{"relevance": 0.01}, {"relevance": RELATED}])
+
+
+def test_channel_keys_name_model_families_in_a_fixed_order() -> None:
+    assert channel_key(["use", "bm25", "e5"]) == "bm25+e5+use"
+    assert channel_key(["use", "bm25"]) == "bm25+use"
+    assert relevance.dense_family("use-m3") == "use"
+    assert relevance.dense_family("e5-small") == relevance.dense_family("openai:text-embedding-3-small") == "e5"
+
+
+def test_probability_is_the_logistic_of_the_channels_model() -> None:
+    models = {"bm25": {"bias": -2.0, "lexical": 4.0}}
+    assert probability("bm25", {"lexical": 0.5}, models) == pytest.approx(0.5)
+    assert probability("bm25", {"lexical": 1.0}, models) == pytest.approx(1 / (1 + 2.718281828 ** -2), rel=1e-6)
+
+
+def test_a_channel_set_without_a_model_uses_the_largest_one_it_contains() -> None:
+    models = {"bm25": {"bias": -2.0, "lexical": 4.0}, "bm25+e5": {"bias": 0.0, "e5": 1.0}}
+    assert probability("bm25+e5+use", {"e5": 0.0, "use": 9.0, "lexical": 0.0}, models) == pytest.approx(0.5)
+    assert probability("use", {"use": 3.0}, models) == 0.0  # nothing to go on: not evidence of an answer
+
+
+def test_the_shipped_model_covers_every_channel_set_a_search_can_run() -> None:
+    shipped = json.loads(Path(relevance.MODEL_FILE).read_text(encoding="utf-8"))["models"]
+    for key in ("bm25", "bm25+e5", "bm25+use", "bm25+e5+use", "e5", "use"):
+        assert key in shipped, key
+        assert set(shipped[key]) - {"bias"} <= set(relevance.FEATURES)
+
+
+@pytest.mark.parametrize("query", NOT_IN_THE_SAMPLE_VAULT)
+def test_a_question_the_notes_never_answer_is_not_found(sample_brain, query: str) -> None:
+    response = sample_brain.search(query, k=5, expand=False)
+    assert response.results, "results stay, as leads"
+    assert response.not_found and response.to_dict()["not_found"] is True
+    assert {r["strength"] for r in response.results} == {"weak"}
+    assert all(0.0 <= r["relevance"] < RELATED for r in response.results)
+
+
+@pytest.mark.parametrize(("query", "title"), IN_THE_SAMPLE_VAULT)
+def test_a_question_the_notes_answer_is_labelled_by_its_relevance(sample_brain, query: str, title: str) -> None:
+    response = sample_brain.search(query, k=5, expand=False)
+    top = response.results[0]
+    assert top["title"] == title and not response.not_found
+    assert top["strength"] in ("strong", "related") and top["relevance"] >= RELATED
+    assert response.timing["relevance_ms"] < 1000
+
+
+def test_a_match_by_meaning_alone_comes_first_and_the_notes_own_words_make_it_an_answer(sample_brain) -> None:
+    bare = sample_brain.search("观影", k=5, expand=False)  # no note says 观影: only the dense channels see the match
+    assert bare.results[0]["title"] == "电影清单"
+    helped = sample_brain.search("观影", k=5, variants=["电影清单", "想看的电影"], expand=False)
+    assert helped.results[0]["title"] == "电影清单" and not helped.not_found
+    assert helped.results[0]["strength"] == "strong" and helped.results[0]["relevance"] >= bare.results[0]["relevance"]
+
+
+def test_relevance_with_variants_is_the_best_across_them(sample_brain) -> None:
+    alone = sample_brain.search("xylophonegiraffe", k=5, expand=False)
+    helped = sample_brain.search("xylophonegiraffe", k=5, variants=["我想看的电影清单"], expand=False)
+    assert alone.not_found and not helped.not_found
+    assert helped.results[0]["title"] == "电影清单" and helped.results[0]["relevance"] >= RELATED
