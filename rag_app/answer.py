@@ -16,7 +16,7 @@ from rag_app.config import LLMSection
 
 DEFAULT_BUDGET: int = LLMSection.model_fields["budget_chars"].default  # [llm] budget_chars
 FULL_TEXT_NOTES = 3
-NOT_FOUND = "我在你的笔记里没有找到能回答这个问题的内容。 / Your notes do not seem to contain the answer."
+NOT_FOUND = "Not in your notes: they do not seem to contain the answer. / 你的笔记里似乎没有这个问题的答案。"
 NO_NOTES = "no notes yet: run brain sync --vault DIR or --memos URL"
 
 SYSTEM_PROMPT = """You answer questions using ONLY the user's own notes, given as numbered sources.
@@ -102,10 +102,18 @@ def build_context(results: list[dict[str, Any]], full_texts: dict[str, str], bud
     return "\n\n".join(parts)
 
 
-def sources_list(citations: list[dict[str, Any]]) -> str:
-    lines = ["", "Sources:"]
-    for c in citations:
-        lines.append(f"[{c['n']}] {c['title']} — {c.get('url') or c.get('path')} ({c['strength']})")
+def answerable(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The results that may answer (strong or related): all an answer is built from; weak ones are leads only."""
+    return [r for r in results if r.get("strength") in ("strong", "related")]
+
+
+def not_found_answer(citations: list[dict[str, Any]], leads: int = 3) -> str:
+    """What an answer says when no note seems to hold it: that, plainly, then the nearest notes as leads, not as an
+    answer (no passage is quoted as if it answered)."""
+    lines = [NOT_FOUND]
+    if citations:
+        lines += ["", "Nearest leads (not an answer; open one to check):"]
+        lines += [f"- {readable_inline(str(c['title'] or ''))} [{c['n']}]" for c in citations[:leads]]
     return "\n".join(lines)
 
 
@@ -120,8 +128,8 @@ def extractive_answer(question: str, results: list[dict[str, Any]], citations: l
     terms = content_words(query or question)
     lines = [head, ""]
     for citation, result in zip(citations, results, strict=False):
-        if citation["strength"] == "weak" and citation["n"] > 2:
-            continue
+        if citation["strength"] == "weak":
+            continue  # a lead, not an answer: listed under the sources only
         chunks = result.get("chunks") or [{"text": citation["excerpt"]}]
         section, text = passage(chunks[0]["text"], terms)
         title = readable_inline(str(citation["title"] or ""))

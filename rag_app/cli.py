@@ -232,7 +232,7 @@ def _batch(brain: Brain, lines: Any, k: int, options: dict[str, Any]) -> None:
         except SearchError as exc:
             click.echo(json.dumps({"id": query_id, "error": str(exc)}, ensure_ascii=False))
             continue
-        click.echo(json.dumps({"id": query_id, "results": response.results,
+        click.echo(json.dumps({"id": query_id, "not_found": response.not_found, "results": response.results,
                                "ms": round(response.timing["total_ms"], 2)}, ensure_ascii=False))
 
 
@@ -244,10 +244,12 @@ def _print_results(response: Any, empty: bool = False) -> None:
     if not response.results:
         click.echo(NO_NOTES if empty else "no matching notes")
         return
+    if response.not_found:
+        click.echo("not in your notes: nothing here seems to answer it; the nearest notes, as leads:")
     for n, result in enumerate(response.results, 1):
         where = result.get("path") or result.get("url") or ""
         click.echo(f"{n:>2}. {_plain(result['title'])}  [{_plain(result['source'])}] {_plain(where)}  "
-                   f"score {result['score']:.4f}")
+                   f"{result['strength']} ({result['relevance']:.2f})")
         click.echo(f"    {_plain(readable_excerpt(result['excerpt'])[:200])}")
 
 
@@ -288,7 +290,7 @@ def ask_command(ctx: click.Context, question: str, k: int, session: str | None, 
         click.echo(_plain(_unmark(response.answer), keep_lines=True))
     if response.citations:
         click.echo("")
-        click.echo("Sources:")
+        click.echo("Leads (not an answer):" if coverage.get("not_found") else "Sources:")
     for citation in response.citations:
         click.echo(f"  [{citation['n']}] {_plain(citation['title'])} — "
                    f"{_plain(citation.get('url') or citation.get('path'))} ({citation['strength']})")

@@ -365,7 +365,7 @@ class Brain:
         found = self.search(query, k, sources=sources, tags=tags, since=since, until=until, audience=audience)
         citations = answers.citations_from(found.results)
         coverage = dict(found.coverage)
-        coverage["not_found"] = not found.results
+        coverage["not_found"] = found.not_found
         if history:
             coverage["condensed_query"] = query
         if not found.results and self.status()["notes"] == 0:
@@ -377,13 +377,15 @@ class Brain:
             notice = f"{missing_message(config.missing)}; showing passages"
         elif llm is None:
             coverage["llm"] = "off"
-        if llm is not None and found.results and llm_error is None:
+        usable = answers.answerable(found.results)
+        if llm is not None and usable and llm_error is None:
+            citations = answers.citations_from(usable)  # the LLM sees only passages that may answer: [n] are theirs
             with self._lock:
                 manifest = self.searcher().manifest
                 full = {r["note_id"]: (manifest.note_doc(r["note_id"]) or ("",))[0]
-                        for r in found.results[: answers.FULL_TEXT_NOTES]}
+                        for r in usable[: answers.FULL_TEXT_NOTES]}
             past = self._history_messages(history, total)
-            context = answers.build_context(found.results, full, total - sum(len(m.content or "") for m in past))
+            context = answers.build_context(usable, full, total - sum(len(m.content or "") for m in past))
             try:
                 text = answers.llm_answer(llm, question, context, on_token, past)
             except Exception as exc:  # the LLM is optional: fall back, say why, never fail the question
@@ -397,13 +399,16 @@ class Brain:
             coverage.update(llm="unavailable", llm_error=llm_error)
             notice = f"LLM unavailable ({llm_error}); showing passages"
         coverage.setdefault("llm", "unused")  # configured, but nothing was found to answer from
+        mode = "extractive"
         if coverage.get("empty_index"):
             text = answers.NO_NOTES
+        elif found.not_found:
+            text, mode = answers.not_found_answer(citations), "not_found"
         else:
             text = answers.extractive_answer(question, found.results, citations, notice, query)
         if on_token is not None:
             on_token(text)
-        return self._remember(session, question, answers.AnswerResponse(text, citations, coverage, "extractive"))
+        return self._remember(session, question, answers.AnswerResponse(text, citations, coverage, mode))
 
     def _condense(self, question: str, history: list[dict[str, Any]], llm: Any,
                   secret: str) -> tuple[str, str | None]:

@@ -247,9 +247,10 @@ def shown_citations(citations: list[dict[str, Any]], cited: Iterable[int]) -> se
 
 
 def sources_markdown(citations: list[dict[str, Any]], shown: set[int], obsidian: bool, excerpts: bool,
-                     turn: int) -> str:
+                     turn: int, leads: bool = False) -> str:
     """The numbered sources under an answer: each title opens the note in the page, the memo or Obsidian link opens
-    it where it lives; `excerpts` off when the answer already quotes them (extractive)."""
+    it where it lives; `excerpts` off when the answer already quotes them (extractive). `leads`: nothing answered
+    (not in your notes), so they are the nearest notes, shown as leads with their excerpts."""
 
     def lines(citation: dict[str, Any]) -> list[str]:
         title = escape_markdown(str(citation.get("title") or citation["note_id"]))
@@ -265,9 +266,11 @@ def sources_markdown(citations: list[dict[str, Any]], shown: set[int], obsidian:
             return [head]
         return [head, f"   {escape_markdown(excerpt[:EXCERPT_CHARS])}{'…' if len(excerpt) > EXCERPT_CHARS else ''}"]
 
+    if leads:
+        excerpts, shown = True, {c["n"] for c in citations[:3]}
     first = [line for c in citations if c["n"] in shown for line in lines(c)]
     rest = [line for c in citations if c["n"] not in shown for line in lines(c)]
-    out = ["**Sources**", "", *first]
+    out = ["**Nearest leads** (not an answer)" if leads else "**Sources**", "", *first]
     if rest:
         count = sum(1 for c in citations if c["n"] not in shown)
         out += ["", f"<details><summary>{count} more</summary>", "", *rest, "", "</details>"]
@@ -288,7 +291,8 @@ def turn_markdown(turn: dict[str, Any], index: int, allowed: Iterable[str], obsi
         if cited is None:
             cited = cited_numbers(str(turn.get("answer") or ""), max(c["n"] for c in citations))
         shown = shown_citations(citations, cited)
-        parts.append(sources_markdown(citations, shown, obsidian, turn.get("mode") == "llm", index))
+        parts.append(sources_markdown(citations, shown, obsidian, turn.get("mode") == "llm", index,
+                                      leads=bool(coverage.get("not_found"))))
     return "\n\n".join(parts)
 
 

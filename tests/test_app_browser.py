@@ -257,6 +257,28 @@ def test_on_a_phone_the_question_box_is_on_the_first_screen(page_url: str, brows
     patient(browser, 10).until(lambda d: in_viewport(d, d.find_element(By.ID, "brain-hit")))
 
 
+def leads_answer(driver: webdriver.Chrome) -> str | bool:
+    """The first answer's text once it is complete as a "not in your notes" answer (its leads listed), else False."""
+    try:
+        texts = [bubble.text for bubble in bubbles(driver)]
+    except StaleElementReferenceException:
+        return False
+    return texts[0] if texts and "Nearest leads" in texts[0] else False
+
+
+def test_a_question_the_notes_never_answer_says_so_and_shows_leads_not_sources(page_url: str,
+                                                                               browser: webdriver.Chrome,
+                                                                               tmp_path: Path) -> None:
+    browser.get(page_url)
+    ask_in_page(browser, "量子色动力学格点规范")
+    text = WebDriverWait(browser, 180).until(leads_answer)
+    assert text.startswith("Not in your notes")
+    assert "Sources" not in text and "strong" not in text and "Extractive answer" not in text
+    screenshot = tmp_path / "not-in-your-notes.png"
+    browser.save_screenshot(str(screenshot))
+    print(f"screenshot: {screenshot}")
+
+
 HOSTILE_NOTE = """# 可疑的笔记
 
 电影清单的副本 <img src="{leak}/html"> ![x]({leak}/md) <script>fetch("{leak}/script")</script>

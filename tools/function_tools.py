@@ -41,8 +41,8 @@ FIELD_CHARS = 2_000  # the longest string in a reply besides a note's text
 MAX_REPLY_BYTES = 256_000  # one reply, whatever the notes hold; beyond it `reply_capped` says what was cut
 MAX_CUT_PATHS = 20
 RELATED_K = 8
-RESULT_KEYS = ("note_id", "title", "source", "kind", "path", "memo_id", "url", "visibility", "score", "strength",
-               "excerpt", "tags", "created", "updated", "duplicates")
+RESULT_KEYS = ("note_id", "title", "source", "kind", "path", "memo_id", "url", "visibility", "score", "relevance",
+               "strength", "excerpt", "tags", "created", "updated", "duplicates")
 
 NoteId = Annotated[str, Field(
     description="A note id from search_notes or related_notes, e.g. 'vault:notes/生活/电影清单.md' or 'memos:<uid>'. "
@@ -100,8 +100,10 @@ class BrainTools:
         """Search the user's own notes (Markdown vaults and Memos) by meaning and by words, Chinese or English.
 
         Returns up to k notes, best first, each with note_id (for get_note and related_notes), title, source,
-        path or url, an excerpt, the passages that matched, tags, dates and `strength` (strong, related or weak:
-        its score against the best hit's). The server does not rewrite the query: pass your own variants in
+        path or url, an excerpt, the passages that matched, tags, dates, `relevance` (0 to 1: how likely the note
+        answers the query, the same scale in every call) and `strength` from it (strong: likely answers; related:
+        may help; weak: a lead only). `not_found` true means no note seems to hold the answer: say so rather than
+        answer from weak leads. The server does not rewrite the query: pass your own variants in
         `queries`. A time phrase in the query (上个月, last week) filters by date unless since/until are given.
         `coverage` says which queries ran, which filters applied and which search channels were skipped or still
         being filled. Cite the notes you use by title and path or url.
@@ -120,6 +122,7 @@ class BrainTools:
         shown = ("queries", "filters", "time_phrase", "channels", "filling_vectors", "freshness")
         return {
             "query": main,
+            "not_found": response.not_found,
             "results": [_result(r) for r in response.results],
             "coverage": {key: coverage[key] for key in shown if coverage.get(key) is not None},
         }

@@ -65,6 +65,28 @@ def test_llm_answer_sends_fenced_bounded_sources_and_maps_citations(sample_brain
     assert "DATA" in sent["messages"][0]["content"]
 
 
+def test_an_llm_is_given_only_passages_that_may_answer_and_is_not_asked_when_there_are_none(sample_brain, llm_env):
+    with OpenAIDouble(["想看《花样年华》[1]。"]) as double:
+        llm_env(double)
+        brain = Brain(sample_brain.home)
+        answered = brain.ask("我想看哪些电影？", 6)
+        sent = double.requests[0]["body"]["messages"][-1]["content"]
+        unanswerable = brain.ask("量子色动力学格点规范", 6)
+    assert answered.mode == "llm" and {c["strength"] for c in answered.citations} <= {"strong", "related"}
+    assert sent.count("<source id=") == len(answered.citations) < 6
+    assert len(double.requests) == 1, "no note may answer: the LLM is not asked"
+    assert unanswerable.mode == "not_found" and unanswerable.coverage["not_found"] is True
+    assert unanswerable.answer.startswith(NOT_FOUND) and "Nearest leads (not an answer" in unanswerable.answer
+    assert {c["strength"] for c in unanswerable.citations} == {"weak"}
+
+
+def test_without_an_llm_a_question_the_notes_never_answer_gets_leads_not_passages(sample_brain):
+    response = sample_brain.ask("how to file a tax return in Germany", 4)
+    assert (response.mode, response.coverage["not_found"]) == ("not_found", True)
+    assert response.answer.startswith(NOT_FOUND) and "Extractive answer" not in response.answer
+    assert all(f"[{c['n']}]" in response.answer for c in response.citations[:3])
+
+
 def test_streaming_delivers_tokens_in_order(sample_brain, llm_env):
     text = "结论：你想看《花样年华》[1]。"
     with OpenAIDouble([text]) as double:
@@ -214,7 +236,8 @@ def test_an_llm_citing_a_source_that_does_not_exist_is_marked(sample_brain, llm_
     with OpenAIDouble(["《花样年华》[1]，还有《教父》[9]。"]) as double:
         llm_env(double)
         response = Brain(sample_brain.home).ask("我想看哪些电影？", 4)
-    assert len(response.citations) == 4
+    sent = double.requests[0]["body"]["messages"][-1]["content"]
+    assert len(response.citations) == sent.count("<source id=") < 9
     assert response.answer == f"《花样年华》[1]，还有《教父》{UNKNOWN_CITATION}。"
     assert response.coverage["cited"] == [1] and response.to_dict()["answer"] == response.answer
 

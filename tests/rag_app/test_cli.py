@@ -250,6 +250,22 @@ def test_llm_trouble_is_named_and_no_client_log_reaches_the_terminal(talk_home):
     assert (as_json["coverage"]["llm"], as_json["coverage"]["llm_missing"]) == ("incomplete", ["LLM_BASE_URL"])
 
 
+def test_a_question_the_notes_never_answer_is_not_found_on_every_command(talk_home, tmp_path):
+    searched = json.loads(brain(talk_home, "search", "量子色动力学格点规范", "--json").stdout)
+    assert searched["not_found"] is True and {r["strength"] for r in searched["results"]} == {"weak"}
+    plain = brain(talk_home, "search", "量子色动力学格点规范").stdout
+    assert plain.startswith("not in your notes") and " weak (0." in plain
+    asked = brain(talk_home, "ask", "量子色动力学格点规范")
+    assert asked.returncode == 0 and asked.stdout.startswith("Not in your notes")
+    assert "Leads (not an answer):" in asked.stdout and "Extractive answer" not in asked.stdout
+    lines = tmp_path / "queries.jsonl"
+    lines.write_text('{"id": 1, "text": "量子色动力学格点规范"}\n{"id": 2, "text": "番茄炒蛋怎么做"}\n',
+                     encoding="utf-8")
+    batch = [json.loads(line) for line in brain(talk_home, "search", "--queries", str(lines)).stdout.splitlines()]
+    assert [(b["id"], b["not_found"]) for b in batch] == [(1, True), (2, False)]
+    assert batch[1]["results"][0]["title"] == "番茄炒蛋" and batch[1]["results"][0]["strength"] != "weak"
+
+
 def test_an_empty_home_says_how_to_add_notes(home):
     for command in (["search", "观影"], ["ask", "我想看哪些电影？"]):
         done = brain(home, *command)

@@ -46,6 +46,10 @@ def test_stdio_server_lists_the_tools_searches_reads_and_refuses_hostile_input(s
             note_id = json.loads(found.content[0].text)["results"][0]["note_id"]
             note = await mcp.call_tool("get_note", {"note_id": note_id})
             assert not note.is_error and "《千与千寻》" in json.loads(note.content[0].text)["text"]
+            answered = json.loads((await mcp.call_tool("search_notes", {"query": "我想看哪些电影"})).content[0].text)
+            assert answered["not_found"] is False and answered["results"][0]["strength"] == "strong"
+            nothing = json.loads((await mcp.call_tool("search_notes", {"query": "xylophonegiraffe"})).content[0].text)
+            assert nothing["not_found"] is True and {r["strength"] for r in nothing["results"]} == {"weak"}
 
             hostile = [("get_note", {"note_id": "../../etc/passwd"}, "a note id looks like"),
                        ("get_note", {"note_id": "/etc/passwd"}, "a note id looks like"),
