@@ -1,8 +1,9 @@
 """The agent tools (search_notes, get_note, related_notes, brain_status; capture_note when enabled), written once.
 
-`BrainTools` holds the validation, privacy and output shaping; `brain_tools()` wraps it as LlamaIndex FunctionTools
-and tools.mcp_server wraps the same object for MCP. Annotations here stay real objects (no `from __future__ import
-annotations`): both wrappers read the `Annotated[..., Field(...)]` parameters to build the schema an agent sees.
+`BrainTools` holds the privacy and output shaping and runs every call through tools.contract (the one argument and
+error contract); `brain_tools()` wraps it as LlamaIndex FunctionTools and tools.mcp_server wraps the same object for
+MCP. Annotations here stay real objects (no `from __future__ import annotations`): the wrappers and the contract read
+the `Annotated[..., Field(...)]` parameters, so the schema an agent sees and the checks it meets are one declaration.
 """
 
 import asyncio
@@ -11,15 +12,17 @@ import inspect
 import json
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple
 
 from pydantic import Field
 
 from rag_app.capture import MAX_CAPTURE_BYTES, MAX_TAGS, MAX_TITLE_CHARS
 from rag_app.engine import Brain, CaptureError, ConfigError, NoteNotFound, SearchError, SourceError
+from tools.brief import REPLY_CHARS, brief_results
+from tools.contract import ToolCallError, check_arguments, refusal, usage
 
 if TYPE_CHECKING:
-    from llama_index.core.tools import FunctionTool
+    from llama_index.core.tools import FunctionTool, ToolOutput
 
 __all__ = ["CAPTURE_TOOL", "TOOL_NAMES", "BrainTools", "ToolCallError", "ToolReply", "brain_tools"]
 
@@ -35,23 +38,19 @@ MAX_FILTER_CHARS = 200
 MAX_DATE_CHARS = 32
 MAX_NOTE_ID_CHARS = 1_024
 NOTE_CHARS = 20_000
-PASSAGE_CHARS = 1_000
 MAX_LINKS = 50  # the most items of any list in a reply (links, backlinks, tags, aliases, results' tags, ...)
 FIELD_CHARS = 2_000  # the longest string in a reply besides a note's text
 MAX_REPLY_BYTES = 256_000  # one reply, whatever the notes hold; beyond it `reply_capped` says what was cut
 MAX_CUT_PATHS = 20
 RELATED_K = 8
-RESULT_KEYS = ("note_id", "title", "source", "kind", "path", "memo_id", "url", "visibility", "score", "relevance",
-               "strength", "excerpt", "tags", "created", "updated", "duplicates")
+COVERAGE_KEYS = ("queries", "filters", "time_phrase", "channels", "filling_vectors", "freshness", "not_found")
+NOTE_ID_HINT = "note ids come from search_notes or related_notes results (never a file path)"
+INTERNAL_HINT = "retry once; if it fails again, tell the user (details in brain.log; brain doctor checks the index)"
 
 NoteId = Annotated[str, Field(
-    description="A note id from search_notes or related_notes, e.g. 'vault:notes/生活/电影清单.md' or 'memos:<uid>'. "
-                "Never a file path.",
+    description="A note id from search_notes or related_notes, e.g. 'vault:notes/生活/电影清单.md' or "
+                "'memos:cflow/7rJq2h'. Never a file path.",
     min_length=1, max_length=MAX_NOTE_ID_CHARS)]
-
-
-class ToolCallError(ValueError):
-    """A call the agent can fix: the message says how (never a traceback)."""
 
 
 class ToolReply(NamedTuple):
@@ -80,7 +79,7 @@ class BrainTools:
         query: Annotated[str | None, Field(
             description="What to look for, in the user's words (Chinese or English).",
             max_length=MAX_QUERY_CHARS)] = None,
-        queries: Annotated[list[str] | None, Field(
+        queries: Annotated[list[Annotated[str, Field(max_length=MAX_QUERY_CHARS)]] | None, Field(
             description=f"Instead of or besides `query`: your own rewrites of the question (literal words, synonyms, "
                         f"the other language, tags), up to {MAX_QUERIES} per call. The first is the main query when "
                         "`query` is absent.",
@@ -96,35 +95,40 @@ class BrainTools:
             description="Only notes dated on or after this day, YYYY-MM-DD.", max_length=MAX_DATE_CHARS)] = None,
         until: Annotated[str | None, Field(
             description="Only notes dated on or before this day, YYYY-MM-DD.", max_length=MAX_DATE_CHARS)] = None,
+        detail: Annotated[Literal["brief", "passages"], Field(
+            description="'brief' (default): one preview of at most 300 characters per note. 'passages': the "
+                        "passages that matched instead (up to 3 per note, 1,000 characters each), for an "
+                        "inventory or to compare notes without opening each.")] = "brief",
     ) -> dict[str, Any]:
         """Search the user's own notes (Markdown vaults and Memos) by meaning and by words, Chinese or English.
 
-        Returns up to k notes, best first, each with note_id (for get_note and related_notes), title, source,
-        path or url, an excerpt, the passages that matched, tags, dates, `relevance` (0 to 1: how likely the note
-        answers the query, the same scale in every call) and `strength` from it (strong: likely answers; related:
-        may help; weak: a lead only). `not_found` true means no note seems to hold the answer: say so rather than
-        answer from weak leads. The server does not rewrite the query: pass your own variants in
-        `queries`. A time phrase in the query (上个月, last week) filters by date unless since/until are given.
-        `coverage` says which queries ran, which filters applied and which search channels were skipped or still
-        being filled. Cite the notes you use by title and path or url.
+        Returns up to k notes, best first, each with note_id (for get_note and related_notes), title, path or url,
+        `relevance` (0 to 1: how likely the note answers the query, the same scale in every call) and `strength`
+        from it (strong: likely answers; related: may help; weak: a lead only), dates, tags and a `preview`: the
+        sentences that best match, at most 300 characters. `not_found` true means no note seems to hold the
+        answer: say so rather than answer from weak leads. Read a note with get_note; ask for detail="passages"
+        only to see the matched passages of many notes at once. The server does not rewrite the query: pass your
+        own variants in `queries`. A time phrase in the query (上个月, last week) filters by date unless
+        since/until are given. `coverage` says which queries ran, which filters applied and which search channels
+        were skipped or still being filled. Cite the notes you use by title and path or url.
         """
-        texts = [t for t in (_text("query", query, MAX_QUERY_CHARS), *_queries(queries)) if t]
+        texts = [t for t in (_stripped(query), *(_stripped(q) for q in queries or ())) if t]
         if not texts:
-            raise ToolCallError("give `query` (or `queries`): the text to search for")
+            raise ToolCallError("give `query` (or `queries`): the text to search for", usage(self.search_notes))
         main, variants = texts[0], [t for t in dict.fromkeys(texts[1:]) if t != texts[0]]
         response = self.brain.search(
-            main, _k(k),
-            sources=_one("source", source), tags=_one("tag", tag),
-            since=_text("since", since, MAX_DATE_CHARS), until=_text("until", until, MAX_DATE_CHARS),
+            main, k,
+            sources=_one(source), tags=_one(tag), since=_stripped(since), until=_stripped(until),
             variants=variants or None, expand=False, audience=AUDIENCE,
         )
-        coverage = response.coverage
-        shown = ("queries", "filters", "time_phrase", "channels", "filling_vectors", "freshness")
+        coverage = _brief_coverage(response.coverage)
+        room = REPLY_CHARS - len(_json({"query": main, "not_found": response.not_found, "results": [],
+                                        "coverage": coverage}))
         return {
             "query": main,
             "not_found": response.not_found,
-            "results": [_result(r) for r in response.results],
-            "coverage": {key: coverage[key] for key in shown if coverage.get(key) is not None},
+            "results": brief_results(response.results, coverage.get("queries") or texts, detail, room),
+            "coverage": coverage,
         }
 
     def get_note(
@@ -141,8 +145,6 @@ class BrainTools:
         fresh=true the text is the source's current one: `stale` true means the index has an older copy (quote the
         fresh text), `deleted_at_source` true means the note is gone from its source.
         """
-        if not isinstance(fresh, bool):
-            raise ToolCallError("fresh must be true or false")
         return self.brain.get_note(_note_id(note_id), max_chars=NOTE_CHARS, audience=AUDIENCE, fresh=fresh)
 
     def related_notes(self, note_id: NoteId) -> dict[str, Any]:
@@ -193,113 +195,118 @@ class BrainTools:
     def description(name: str) -> str:
         return inspect.getdoc(getattr(BrainTools, name)) or name
 
-    def call(self, name: str, arguments: dict[str, Any]) -> ToolReply:
+    def call(self, name: str, arguments: object) -> ToolReply:
         return self._invoke(name, arguments)
 
-    async def acall(self, name: str, arguments: dict[str, Any]) -> ToolReply:
+    async def acall(self, name: str, arguments: object) -> ToolReply:
         return await asyncio.to_thread(self._invoke, name, arguments)
 
-    def _invoke(self, name: str, arguments: dict[str, Any]) -> ToolReply:
-        """Run one tool; whatever goes wrong comes back as a one-line JSON error the agent can read."""
+    def _invoke(self, name: str, arguments: object) -> ToolReply:
+        """Run one tool through the contract: every refusal is `{"error", "tool", "hint"}` JSON, never a traceback."""
+        method = getattr(self, name) if name in self.tool_names() else None
         try:
-            if name not in self.tool_names():
-                raise ToolCallError(f"unknown tool; the tools are {', '.join(self.tool_names())}")
-            method = getattr(self, name)
-            unknown = sorted(set(arguments) - set(inspect.signature(method).parameters))
-            if unknown:
-                raise ToolCallError(f"unknown argument(s): {', '.join(a[:40] for a in unknown[:5])}")
-            return ToolReply(capped_json(method(**arguments)), False)
-        except (ToolCallError, SearchError, NoteNotFound, ConfigError, CaptureError, SourceError) as exc:
-            return ToolReply(capped_json({"error": str(exc), "tool": name}), True)
+            if method is None:
+                raise ToolCallError("unknown tool", f"the tools are {', '.join(self.tool_names())}")
+            return ToolReply(capped_json(method(**check_arguments(method, arguments))), False)
+        except ToolCallError as exc:
+            return _refused(name, str(exc), exc.hint or usage(method))
+        except NoteNotFound as exc:
+            return _refused(name, str(exc), NOTE_ID_HINT)
+        except (SearchError, CaptureError) as exc:  # an argument the engine refused (a date, a source, a tag)
+            return _refused(name, str(exc), usage(method))
+        except ConfigError as exc:
+            return _refused(name, str(exc), "the user's config.toml decides this: tell the user, do not retry")
+        except SourceError as exc:
+            return _refused(name, str(exc), "the source could not be read now: without fresh=true the indexed "
+                                            "copy is returned")
         except Exception:  # the agent gets one line; the traceback goes to brain.log
             log.exception("tool %s failed", name)
-            return ToolReply(_json({"error": "internal error in the notes index (details in brain.log)",
-                                    "tool": name}), True)
+            return _refused(name, "internal error in the notes index", INTERNAL_HINT)
 
 
 def brain_tools(brain: Brain) -> list["FunctionTool"]:
-    """The tools as LlamaIndex FunctionTools for any agent (FunctionAgent, ReActAgent); results are JSON text.
-    capture_note is among them only when capture is enabled."""
+    """The tools as LlamaIndex FunctionTools for any agent (FunctionAgent, ReActAgent); results are JSON text, and a
+    refusal is a ToolOutput with is_error=True. capture_note is among them only when capture is enabled."""
     from llama_index.core.tools import FunctionTool  # here, not at the top: the MCP server starts without it
+
+    class BrainFunctionTool(FunctionTool):
+        """A FunctionTool whose output carries the contract's is_error (FunctionTool itself only sets it when the
+        function raises, and ours never does)."""
+
+        def call(self, *args: Any, **kwargs: Any) -> "ToolOutput":
+            return _marked(super().call(*args, **kwargs))
+
+        async def acall(self, *args: Any, **kwargs: Any) -> "ToolOutput":
+            return _marked(await super().acall(*args, **kwargs))
 
     tools = BrainTools(brain)
     made = []
     for name in tools.tool_names():
         sync_fn, async_fn = _callables(tools, name)
-        made.append(FunctionTool.from_defaults(fn=sync_fn, async_fn=async_fn, name=name,
-                                               description=BrainTools.description(name)))
+        made.append(BrainFunctionTool.from_defaults(fn=sync_fn, async_fn=async_fn, name=name,
+                                                    description=BrainTools.description(name)))
     return made
 
 
-def _callables(tools: BrainTools, name: str) -> tuple[Callable[..., str], Callable[..., Any]]:
+def _callables(tools: BrainTools, name: str) -> tuple[Callable[..., ToolReply], Callable[..., Any]]:
     """Sync and async entry points that keep the tool method's signature (the schema comes from it)."""
     method = getattr(tools, name)
 
     @functools.wraps(method)
-    def call(**arguments: Any) -> str:
-        return tools.call(name, arguments).text
+    def call(**arguments: Any) -> ToolReply:
+        return tools.call(name, arguments)
 
     @functools.wraps(method)
-    async def acall(**arguments: Any) -> str:
-        return (await tools.acall(name, arguments)).text
+    async def acall(**arguments: Any) -> ToolReply:
+        return await tools.acall(name, arguments)
 
     return call, acall
 
 
+def _marked(output: "ToolOutput") -> "ToolOutput":
+    """The ToolOutput of a ToolReply: its JSON text as content, its is_error as the output's."""
+    from llama_index.core.tools import ToolOutput
+
+    reply = output.raw_output
+    return ToolOutput(tool_name=output.tool_name, content=reply.text, raw_input=output.raw_input,
+                      raw_output=reply.text, is_error=reply.is_error)
+
+
+def _refused(name: str, error: str, hint: str) -> ToolReply:
+    return ToolReply(capped_json(refusal(name, error, hint)), True)
+
+
 def _json(data: Any) -> str:
-    return json.dumps(data, ensure_ascii=False, default=str)
+    """Compact JSON (no blanks after separators: a tenth of a search reply), Chinese as is."""
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
-def _text(name: str, value: object, limit: int) -> str | None:
-    """An optional string argument: None or blank means absent; anything else must be text within `limit`."""
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise ToolCallError(f"{name} must be a string, not {type(value).__name__}")
-    value = value.strip()
-    if len(value) > limit:
-        raise ToolCallError(f"{name} is too long: {len(value)} characters, at most {limit}")
-    return value or None
+def _stripped(value: str | None) -> str | None:
+    """An optional text argument: blank means absent."""
+    return (value or "").strip() or None
 
 
-def _queries(value: object) -> list[str]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise ToolCallError(f"queries must be a list of strings, not {type(value).__name__}")
-    if len(value) > MAX_QUERIES:
-        raise ToolCallError(f"queries holds {len(value)} items, at most {MAX_QUERIES}")
-    return [t for t in (_text("each of queries", v, MAX_QUERY_CHARS) for v in value) if t]
-
-
-def _k(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_K:
-        raise ToolCallError(f"k must be an integer from 1 to {MAX_K}")
-    return value
-
-
-def _one(name: str, value: object) -> tuple[str, ...]:
-    text = _text(name, value, MAX_FILTER_CHARS)
+def _one(value: str | None) -> tuple[str, ...]:
+    text = _stripped(value)
     return (text,) if text else ()
 
 
-def _note_id(value: object) -> str:
-    """Type and size only; the engine decides what a note id may look like (no paths, no traversal)."""
-    if not isinstance(value, str):
-        raise ToolCallError(f"note_id must be a string, not {type(value).__name__}")
-    if len(value) > MAX_NOTE_ID_CHARS:
-        raise ToolCallError(f"note_id is too long: {len(value)} characters, at most {MAX_NOTE_ID_CHARS}")
+def _note_id(value: str) -> str:
+    """Blank is refused here; the engine decides what a note id may look like (no paths, no traversal)."""
     if not value.strip():
-        raise ToolCallError("note_id is empty; take one from search_notes results")
+        raise ToolCallError("note_id is empty", NOTE_ID_HINT)
     return value
 
 
-def _result(result: dict[str, Any]) -> dict[str, Any]:
-    """A search hit as agents see it: known fields only, passages capped."""
-    shaped = {key: result[key] for key in RESULT_KEYS if result.get(key) is not None}
-    shaped["passages"] = [{"heading": c.get("heading") or "", "text": c.get("text", "")[:PASSAGE_CHARS]}
-                          for c in result.get("chunks", [])]
-    return shaped
+def _brief_coverage(coverage: dict[str, Any]) -> dict[str, Any]:
+    """What ran and what was missing, without the per-query channel weights (numbers agents cannot act on)."""
+    shown = {key: coverage[key] for key in COVERAGE_KEYS if coverage.get(key) is not None}
+    if "channels" in shown:
+        shown["channels"] = {name: {key: value for key, value in channel.items() if key != "weights"}
+                             for name, channel in shown["channels"].items()}
+    if "filters" in shown:
+        shown["filters"] = {key: value for key, value in shown["filters"].items() if value not in (None, "", [], ())}
+    return shown
 
 
 def capped_json(data: dict[str, Any], limit: int = MAX_REPLY_BYTES) -> str:

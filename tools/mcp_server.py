@@ -11,10 +11,16 @@ import functools
 import hmac
 import os
 import sys
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as package_version
 from typing import Any
 
 from mcp.server.mcpserver import MCPServer
-from mcp.types import CallToolResult, TextContent, ToolAnnotations
+from mcp.server.mcpserver.tools import Tool
+from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetadata
+from mcp.shared.exceptions import MCPError
+from mcp.types import INVALID_PARAMS, CallToolResult, GetPromptResult, TextContent, ToolAnnotations
+from pydantic import ConfigDict
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -35,6 +41,33 @@ READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempot
 WRITES = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False)
 
 
+class BrainServer(MCPServer):
+    """MCPServer without prompts: asking for one is the client's mistake, answered as such (the SDK would log a
+    140-line traceback for it on stderr)."""
+
+    async def get_prompt(self, name: str, arguments: dict[str, Any] | None = None,
+                         context: Any = None) -> GetPromptResult:
+        raise MCPError(INVALID_PARAMS, f"unknown prompt {name[:100]!r}: this server has no prompts")
+
+
+class _AsSent(ArgModelBase):
+    """The arguments exactly as the client sent them: tools.contract checks them (the same way as for LlamaIndex),
+    so the SDK's own validation must let everything through."""
+
+    model_config = ConfigDict(extra="allow")
+
+    def model_dump_one_level(self) -> dict[str, Any]:
+        return dict(self.__pydantic_extra__ or {})
+
+
+def server_version() -> str:
+    """cflow-brain's installed version, for `serverInfo.version`."""
+    try:
+        return package_version("cflow-brain")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
 def build_server(home: Brain | str | os.PathLike[str] | None) -> MCPServer:
     """An MCP server over one brain (a Brain, e.g. the CLI's with its logging and store, or a home directory).
 
@@ -42,22 +75,24 @@ def build_server(home: Brain | str | os.PathLike[str] | None) -> MCPServer:
     tools = BrainTools(home if isinstance(home, Brain) else Brain(home))
     names = tools.tool_names()
     instructions = INSTRUCTIONS + (CAPTURE_INSTRUCTIONS if CAPTURE_TOOL in names else "")
-    server = MCPServer("cflow-brain", instructions=instructions, log_level="WARNING")
-    for name in names:
-        server.add_tool(_mcp_tool(tools, name), name=name, description=BrainTools.description(name),
-                        annotations=WRITES if name == CAPTURE_TOOL else READ_ONLY, structured_output=False)
-    return server
+    return BrainServer("cflow-brain", version=server_version(), instructions=instructions, log_level="WARNING",
+                       tools=[_mcp_tool(tools, name) for name in names])
 
 
-def _mcp_tool(tools: BrainTools, name: str) -> Any:
-    """The tool method's signature (for the input schema) over the shared call; errors come back with isError set."""
+def _mcp_tool(tools: BrainTools, name: str) -> Tool:
+    """The tool method's schema (unknown arguments refused in it too) over the shared call, which checks the
+    arguments itself; refusals come back with isError set."""
 
     @functools.wraps(getattr(tools, name))
     async def call(**arguments: Any) -> CallToolResult:
         reply = await tools.acall(name, arguments)
         return CallToolResult(content=[TextContent(type="text", text=reply.text)], is_error=reply.is_error)
 
-    return call
+    tool = Tool.from_function(call, name=name, description=BrainTools.description(name),
+                              annotations=WRITES if name == CAPTURE_TOOL else READ_ONLY, structured_output=False)
+    tool.parameters["additionalProperties"] = False
+    tool.fn_metadata = FuncMetadata(arg_model=_AsSent)
+    return tool
 
 
 def run_stdio(home: Brain | str | os.PathLike[str] | None) -> None:
@@ -102,7 +137,7 @@ class BearerGuard:
 
     def __init__(self, app: ASGIApp, token: str) -> None:
         self.app = app
-        self._expected = f"Bearer {token}".encode()
+        self._expected = token.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan" or self._authorized(scope):
@@ -115,6 +150,8 @@ class BearerGuard:
             await send({"type": "websocket.close", "code": 1008})
 
     def _authorized(self, scope: Scope) -> bool:
-        given = next((value for key, value in scope.get("headers", []) if key == b"authorization"), b"")
-        return hmac.compare_digest(given, self._expected)
+        """`Bearer <token>`, the scheme in any case (RFC 9110: schemes are case-insensitive), the token exact."""
+        header = next((value for key, value in scope.get("headers", []) if key == b"authorization"), b"")
+        scheme, _, given = header.partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(given.lstrip(b" "), self._expected)
 

