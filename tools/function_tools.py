@@ -18,7 +18,7 @@ from pydantic import Field
 
 from rag_app.capture import MAX_CAPTURE_BYTES, MAX_TAGS, MAX_TITLE_CHARS
 from rag_app.engine import Brain, CaptureError, ConfigError, NoteNotFound, SearchError, SourceError
-from tools.brief import REPLY_CHARS, brief_results
+from tools.brief import PASSAGE_CHARS, PREVIEW_CHARS, REPLY_CHARS, brief_results
 from tools.contract import ToolCallError, check_arguments, refusal, usage
 
 if TYPE_CHECKING:
@@ -96,9 +96,9 @@ class BrainTools:
         until: Annotated[str | None, Field(
             description="Only notes dated on or before this day, YYYY-MM-DD.", max_length=MAX_DATE_CHARS)] = None,
         detail: Annotated[Literal["brief", "passages"], Field(
-            description="'brief' (default): one preview of at most 300 characters per note. 'passages': the "
-                        "passages that matched instead (up to 3 per note, 1,000 characters each), for an "
-                        "inventory or to compare notes without opening each.")] = "brief",
+            description=f"'brief' (default): one preview of at most {PREVIEW_CHARS} characters per note. "
+                        f"'passages': the passages that matched instead (up to 3 per note, {PASSAGE_CHARS:,} "
+                        "characters each), for an inventory or to compare notes without opening each.")] = "brief",
     ) -> dict[str, Any]:
         """Search the user's own notes (Markdown vaults and Memos) by meaning and by words, Chinese or English.
 
