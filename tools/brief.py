@@ -3,8 +3,7 @@
 An agent reads previews to decide which notes to open with get_note; sending every hit's passages cost 12–24k
 characters per search. A brief result names the note (id, title, path or url, strength, relevance when the engine
 gives it, dates, tags) and carries one preview: the sentences or lines that best match the queries, not the note's
-start, at most PREVIEW_CHARS characters for a strong hit, fewer for related and weak ones (full text only for the
-few strong hits).
+start, at most PREVIEW_CHARS characters for a strong hit, fewer for related and weak ones; get_note reads a note.
 """
 
 import json
@@ -52,7 +51,7 @@ def preview(texts: list[str], terms: set[str], limit: int = PREVIEW_CHARS, title
     """At most `limit` characters cut on sentence or line ends: the best-matching sentence of the matched
     passages (the first passage's start when none contains a query term), then its neighbours while they fit.
     A line that only repeats the title is left out (the result names it already)."""
-    best: tuple[int, int, int] | None = None  # (score, -passage, -sentence): most terms, then earliest
+    best: tuple[int, int, int] | None = None  # (weight, -passage, -sentence): heaviest match, then earliest
     split = [[s for s in _sentences(text) if s != title] for text in texts]
     for p, sentences in enumerate(split):
         for s, sentence in enumerate(sentences):
