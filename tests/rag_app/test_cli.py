@@ -174,12 +174,12 @@ def test_searching_an_unknown_source_names_the_known_ones(home, make_vault):
 def talk_home(home: Path, make_vault, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The conversation vault of test_sessions synced into a fast home; no LLM in the environment."""
     from rag_app.engine import Brain
-    from tests.rag_app.test_sessions import CONVERSATION_VAULT
+    from tests.rag_app.test_sessions import CONVERSATION_VAULT, among_other_notes
 
     for var in ("LLM_BASE_URL", "LLM_MODEL", "LLM_API_KEY", "OPENAI_API_KEY"):
         monkeypatch.delenv(var, raising=False)
     brain_ = Brain(home)
-    assert not brain_.sync(vaults=(str(make_vault(CONVERSATION_VAULT)),)).failed
+    assert not brain_.sync(vaults=(str(make_vault(among_other_notes(CONVERSATION_VAULT))),)).failed
     brain_.close()
     return home
 

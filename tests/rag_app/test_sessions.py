@@ -12,7 +12,7 @@ import pytest
 
 from rag_app.engine import Brain, SessionError, SessionNotFound
 from rag_app.sessions import SessionStore, condense_without_llm, subject_of
-from tests.conftest import REPO
+from tests.conftest import REPO, SAMPLE_VAULT
 from tests.doubles.openai_server import OpenAIDouble
 
 FIRST, FOLLOW_UP = "我想看哪些电影？", "第二部是谁导演的？"
@@ -26,6 +26,16 @@ CONVERSATION_VAULT = {
     "番茄炒蛋.md": "# 番茄炒蛋\n\n先炒蛋，再炒番茄，最后加糖和盐。\n",
 }
 MOVIES = "vault:notes/电影清单.md"
+OTHER_SUBJECTS = ("番茄", "电影", "三体", "一一")
+
+
+def among_other_notes(files: dict[str, str]) -> dict[str, str | bytes]:
+    """These notes among the sample vault's notes on other subjects (~30): relevance is judged against the rest of a
+    home (how rare a word is, how far a match stands out), which three notes alone cannot give."""
+    others = {f"other/{path.relative_to(SAMPLE_VAULT).as_posix()}": path.read_bytes()
+              for path in SAMPLE_VAULT.rglob("*.md")
+              if not any(subject in path.read_text(encoding="utf-8") for subject in OTHER_SUBJECTS)}
+    return {**others, **files}
 NO_LLM = ("LLM_BASE_URL", "LLM_MODEL", "LLM_API_KEY", "OPENAI_API_KEY")
 
 
@@ -35,7 +45,7 @@ def talk_home(home: Path, make_vault, monkeypatch: pytest.MonkeyPatch) -> Path:
     for var in NO_LLM:
         monkeypatch.delenv(var, raising=False)
     brain = Brain(home)
-    assert not brain.sync(vaults=(str(make_vault(CONVERSATION_VAULT)),)).failed
+    assert not brain.sync(vaults=(str(make_vault(among_other_notes(CONVERSATION_VAULT))),)).failed
     brain.close()
     return home
 
@@ -166,7 +176,7 @@ def test_with_an_llm_the_follow_up_is_condensed_and_the_answer_carries_the_first
 
 
 def test_history_stays_within_the_budget(talk_home, monkeypatch):
-    with OpenAIDouble(["standalone", "答[1]"]) as double:
+    with OpenAIDouble(["想看的电影里第二部《一一》是谁导演的？", "答[1]"]) as double:
         monkeypatch.setenv("LLM_BASE_URL", double.url)
         monkeypatch.setenv("LLM_MODEL", "qwen2.5")
         store = SessionStore(talk_home / "sessions.sqlite")
