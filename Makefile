@@ -2,6 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 DEMO_HOME ?= .brain-demo
+PORT ?= 7860
 export GRADIO_ANALYTICS_ENABLED = False
 export ANONYMIZED_TELEMETRY = False
 
@@ -36,6 +37,7 @@ test-slow: install
 	$(VENV)/bin/pytest -q -m slow -s
 
 # The demo's notes live in $(DEMO_HOME): the commands it prints name that home, so they find them.
+# `make demo PORT=7861` serves the page on another port.
 demo: install
 	$(VENV)/bin/brain --home $(DEMO_HOME) sync --vault sample_vault
 	$(VENV)/bin/brain --home $(DEMO_HOME) status
@@ -47,7 +49,8 @@ demo: install
 	@echo "  $(VENV)/bin/brain --home $(DEMO_HOME) sessions"
 	@echo "(or export BRAIN_HOME=$(abspath $(DEMO_HOME)) and drop --home)"
 	@echo
-	$(VENV)/bin/brain --home $(DEMO_HOME) serve --port 7860
+	@echo "The chat page: http://127.0.0.1:$(PORT)"
+	$(VENV)/bin/brain --home $(DEMO_HOME) serve --port $(PORT)
 
 bench: install
 	$(PY) bench/sync_bench.py

@@ -8,14 +8,17 @@ import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, NoReturn
 
 import click
 
-from rag_app.answer import NO_NOTES, readable_excerpt
+from rag_app.answer import AnswerResponse, readable_excerpt
 from rag_app.engine import Brain, ConfigError, SearchError, SourceReport, StoreError, SyncBusyError, SyncReport
+from rag_app.sync import time_left
 
 EXIT_FAILED, EXIT_USAGE, EXIT_BUSY, EXIT_INTERRUPTED = 1, 2, 3, 130
+DEMO_HOME = ".brain-demo"  # where `make demo` keeps its notes (the Makefile's DEMO_HOME)
 
 
 class TqdmProgress:
@@ -40,17 +43,38 @@ class TqdmProgress:
             self._bar = None
 
 
-def _open(ctx: click.Context) -> Brain:
+def _open(ctx: click.Context, create: bool = False) -> Brain:
+    """The home's Brain. Only the commands that fill it (sync, watch, serve, mcp) may `create` the home: reading one
+    that does not exist is an error naming it, so a typo in --home leaves no empty index behind."""
     with _reported():
         brain = Brain(ctx.obj["home"], store_url=ctx.obj["store_url"])
+    if not create and not brain.home.is_dir():
+        _fail(f"no home at {brain.home.absolute()}: `brain sync --vault DIR` (or --memos URL) with this home creates "
+              f"it{_demo_hint(brain.home)}", EXIT_USAGE)
     brain.home.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(brain.settings.log_path, encoding="utf-8")
+    handler = logging.FileHandler(brain.settings.log_path, encoding="utf-8", delay=True)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger("cflow_brain")
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
     root.propagate = False
     return brain
+
+
+def _demo_hint(home: Path) -> str:
+    """After `make demo` its notes are in ./.brain-demo, not in the home a bare `brain` uses: say where they are."""
+    demo = Path(DEMO_HOME)
+    if demo.is_dir() and demo.resolve() != home.resolve():
+        return f"; the demo's notes are in {DEMO_HOME}: add --home {DEMO_HOME} (brain --home {DEMO_HOME} search ...)"
+    return ""
+
+
+def _no_notes(brain: Brain) -> str | None:
+    """The answer for a home with no notes yet, found from the manifest alone (no model, no Chroma), else None."""
+    if brain.status()["notes"]:
+        return None
+    return (f"no notes yet in {brain.home.absolute()}: run brain sync --vault DIR or --memos URL"
+            f"{_demo_hint(brain.home)}")
 
 
 _ESCAPE_SEQUENCE = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|[@-_])|\x9b[0-?]*[ -/]*[@-~]")
@@ -109,7 +133,7 @@ def main(ctx: click.Context, home: str | None, store_url: str | None) -> None:
 def sync(ctx: click.Context, vaults: tuple[str, ...], memos: tuple[str, ...], names: tuple[str, ...],
          allow_deletes: tuple[str, ...], as_json: bool, progress: bool | None, verbose: bool) -> None:
     """Index new and changed notes; remove deleted ones. Only the sources of this run are touched."""
-    brain = _open(ctx)
+    brain = _open(ctx, create=True)
     show_progress = sys.stderr.isatty() if progress is None else progress
 
     def on_source(result: SourceReport) -> None:
@@ -174,11 +198,25 @@ def status(ctx: click.Context, as_json: bool) -> None:
     click.echo(f"home: {data['home']}  store: {data['store']}")
     click.echo(f"model: {data['embedding_model']}  chunker: {data['chunker_version']}")
     click.echo(f"{data['notes']} notes, {data['chunks']} chunks")
+    if data["channels"]:
+        click.echo(_channels_line(data["channels"], data["chunks"]))
     for src in data["sources"]:
         result = src["last_result"] or {}
         state = "FAILED: " + _plain(result.get("error")) if result.get("failed") else "ok"
         click.echo(f"  {_plain(src['name'])} ({src['kind']}): {src['notes']} notes, {src['chunks']} chunks, "
                    f"last sync {src['last_sync'] or 'never'}, last result {state}")
+
+
+def _channels_line(channels: dict[str, dict[str, Any]], chunks: int) -> str:
+    """How far each search channel is: a sync makes every note searchable by BM25 first, then fills each model."""
+    parts = []
+    for name, channel in channels.items():
+        if channel.get("complete"):
+            parts.append(f"{name} complete")
+        else:
+            left = "" if name == "bm25" else f", {time_left(channel.get('seconds_left'))}"
+            parts.append(f"{name} {channel.get('chunks', 0)}/{chunks} chunks{left}")
+    return "search channels: " + "; ".join(parts)
 
 
 @main.command("search", short_help="Find notes by meaning and by words.")
@@ -208,12 +246,19 @@ def search_command(ctx: click.Context, query: str | None, k: int, as_json: bool,
         return
     if query is None:
         _fail("give a QUERY, or --queries FILE.jsonl", EXIT_USAGE)
+    empty = _no_notes(brain)
+    if empty is not None:
+        if as_json:
+            _print_json({"query": query, "not_found": True, "results": [], "coverage": {"empty_index": True}})
+        else:
+            click.echo(empty)
+        return
     with _reported():
         response = brain.search(query, k, **options)
     if as_json:
         _print_json(response.to_dict())
         return
-    _print_results(response, empty=not response.results and brain.status()["notes"] == 0)
+    _print_results(response)
 
 
 def _batch(brain: Brain, lines: Any, k: int, options: dict[str, Any]) -> None:
@@ -236,13 +281,20 @@ def _batch(brain: Brain, lines: Any, k: int, options: dict[str, Any]) -> None:
                                "ms": round(response.timing["total_ms"], 2)}, ensure_ascii=False))
 
 
-def _print_results(response: Any, empty: bool = False) -> None:
-    coverage = response.coverage
-    if coverage.get("time_phrase"):
-        phrase = coverage["time_phrase"]
-        click.echo(f"(time filter from \"{phrase['phrase']}\": {phrase['since']} – {phrase['until']})")
+def _time_filter_line(coverage: dict[str, Any]) -> str | None:
+    """The date range a time phrase in the query became ("上个月的读书笔记"), which filters what is found."""
+    phrase = coverage.get("time_phrase")
+    if not phrase:
+        return None
+    return f"(time filter from \"{_plain(phrase['phrase'])}\": {phrase['since']} – {phrase['until']})"
+
+
+def _print_results(response: Any) -> None:
+    time_filter = _time_filter_line(response.coverage)
+    if time_filter:
+        click.echo(time_filter)
     if not response.results:
-        click.echo(NO_NOTES if empty else "no matching notes")
+        click.echo("no matching notes")
         return
     if response.not_found:
         click.echo("not in your notes: nothing here seems to answer it; the nearest notes, as leads:")
@@ -269,6 +321,13 @@ def ask_command(ctx: click.Context, question: str, k: int, session: str | None, 
 
     With --session, a follow-up ("第二部是谁导演的？") is read in the light of the earlier turns."""
     brain = _open(ctx)
+    empty = _no_notes(brain)
+    if empty is not None:
+        if as_json:
+            _print_json(AnswerResponse(empty, [], {"empty_index": True, "not_found": True}, "extractive").to_dict())
+        else:
+            click.echo(empty)
+        return
     stream = not as_json and sys.stdout.isatty()
     unbold = _Unbold()
 
@@ -288,6 +347,12 @@ def ask_command(ctx: click.Context, question: str, k: int, session: str | None, 
         click.echo(_plain(unbold.flush(), keep_lines=True))
     else:
         click.echo(_plain(_unmark(response.answer), keep_lines=True))
+    if coverage.get("llm") == "used":
+        state = brain.llm_state()
+        click.echo(f"(written by {_plain(state['model'])} at {_plain(state['base_url'])})")
+    time_filter = _time_filter_line(coverage)
+    if time_filter:
+        click.echo(time_filter)
     if response.citations:
         click.echo("")
         click.echo("Leads (not an answer):" if coverage.get("not_found") else "Sources:")
@@ -396,7 +461,7 @@ def watch(ctx: click.Context, vaults: tuple[str, ...], memos: tuple[str, ...], i
     """Keep the index fresh: sync a vault when its notes change, poll Memos servers; Ctrl-C or SIGTERM stops.
 
     Without --vault or --memos it watches every known source."""
-    brain = _open(ctx)
+    brain = _open(ctx, create=True)
     with _reported():
         specs = brain.resolve_sources(vaults, memos)
 
@@ -445,7 +510,7 @@ def serve(ctx: click.Context, host: str, port: int, watch_sources: bool, interva
     """The chat page: conversations with cited answers, notes opened in place, filters, status and sync."""
     from rag_app import page
 
-    brain = _open(ctx)
+    brain = _open(ctx, create=True)
     _keep_fresh(brain, watch_sources, interval)
     with _reported():
         page.serve(brain, host, port)
@@ -463,7 +528,7 @@ def mcp(ctx: click.Context, over_http: bool, host: str, port: int, watch_sources
     """Serve search_notes, get_note, related_notes and brain_status to agents over MCP (stdio by default)."""
     from tools import mcp_server
 
-    brain = _open(ctx)
+    brain = _open(ctx, create=True)
     _keep_fresh(brain, watch_sources, interval)
     with _reported():
         if over_http:

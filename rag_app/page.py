@@ -38,6 +38,7 @@ from rag_app.engine import (  # noqa: E402
     SourceReport,
     SyncBusyError,
 )
+from rag_app.sync import time_left  # noqa: E402
 
 EXCERPT_CHARS = 160
 QUESTION_PLACEHOLDER = "问你的笔记 / Ask your notes — e.g. 我想看哪些电影？"
@@ -307,16 +308,6 @@ def llm_markdown(state: dict[str, Any]) -> str:
                 "answers are passages from your notes.")
     return ("**cflow-brain** · No LLM configured: answers are the passages of your notes that match "
             "(set LLM\\_BASE\\_URL and LLM\\_MODEL for written answers).")
-
-
-def time_left(seconds: float | None) -> str:
-    if seconds is None:
-        return "time left unknown"
-    if seconds < 90:
-        return f"~{max(1, round(seconds))} s left"
-    if seconds < 5400:
-        return f"~{round(seconds / 60)} min left"
-    return f"~{seconds / 3600:.1f} h left"
 
 
 def channels_markdown(channels: dict[str, dict[str, Any]], chunks: int) -> str:

@@ -582,6 +582,17 @@ def channel_progress(settings: Settings, manifest: Manifest) -> dict[str, dict[s
     return channels
 
 
+def time_left(seconds: float | None) -> str:
+    """A channel's `seconds_left` as people say it (status line of the CLI and the page)."""
+    if seconds is None:
+        return "time left unknown"
+    if seconds < 90:
+        return f"~{max(1, round(seconds))} s left"
+    if seconds < 5400:
+        return f"~{round(seconds / 60)} min left"
+    return f"~{seconds / 3600:.1f} h left"
+
+
 def reembed_stored(
     settings: Settings, manifest: Manifest, records: dict[str, list[NoteRecord]], progress: Progress | None = None
 ) -> SyncReport:

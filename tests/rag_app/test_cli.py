@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -12,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
+from rag_app import cli
 from tests.conftest import REPO, free_port
 from tests.doubles.memos_server import MemosDouble, seed_memos
 from tests.doubles.openai_server import OpenAIDouble
@@ -20,10 +24,11 @@ from tests.doubles.openai_server import OpenAIDouble
 BRAIN = [sys.executable, "-m", "rag_app.cli"]
 
 
-def brain(home: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def brain(home: Path, *args: str, env: dict[str, str] | None = None,
+          cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if k not in ("CFLOW_API_TOKEN", "MEMOS_TOKEN", "BRAIN_HOME")}
     full_env.update(env or {})
-    return subprocess.run([*BRAIN, "--home", str(home), *args], capture_output=True, text=True, cwd=REPO,
+    return subprocess.run([*BRAIN, "--home", str(home), *args], capture_output=True, text=True, cwd=cwd,
                           env=full_env, timeout=300)
 
 
@@ -266,10 +271,90 @@ def test_a_question_the_notes_never_answer_is_not_found_on_every_command(talk_ho
     assert batch[1]["results"][0]["title"] == "番茄炒蛋" and batch[1]["results"][0]["strength"] != "weak"
 
 
-def test_an_empty_home_says_how_to_add_notes(home):
+def test_an_empty_home_says_which_home_and_how_to_add_notes_without_loading_the_index(home, make_vault):
+    nothing = make_vault({"attachment.txt": "not a note"}, name="empty")
+    assert brain(home, "sync", "--vault", str(nothing)).returncode == 0  # a home whose sync found no notes
+    before = sorted(p.name for p in home.iterdir())
     for command in (["search", "观影"], ["ask", "我想看哪些电影？"]):
         done = brain(home, *command)
-        assert (done.returncode, done.stdout) == (0, "no notes yet: run brain sync --vault DIR or --memos URL\n")
+        assert (done.returncode, done.stdout) == (0, f"no notes yet in {home}: run brain sync --vault DIR or "
+                                                     "--memos URL\n")
+    assert json.loads(brain(home, "search", "观影", "--json").stdout)["coverage"]["empty_index"] is True
+    assert json.loads(brain(home, "ask", "观影", "--json").stdout)["coverage"]["empty_index"] is True
+    assert sorted(p.name for p in home.iterdir()) == before  # no Chroma, no model: nothing was opened to search
+
+
+def test_after_make_demo_an_empty_home_points_at_the_demo_home(home, tmp_path):
+    (tmp_path / ".brain-demo").mkdir()
+    for command in (["search", "观影"], ["ask", "观影"]):
+        done = brain(home, *command, cwd=tmp_path)
+        assert done.stdout.startswith(f"no notes yet in {home}: ") and done.stdout.endswith(
+            "; the demo's notes are in .brain-demo: add --home .brain-demo (brain --home .brain-demo search ...)\n")
+    missing = brain(tmp_path / "nohome", "status", cwd=tmp_path)
+    assert missing.returncode == 2 and "add --home .brain-demo" in missing.stderr
+    in_demo = brain(tmp_path / ".brain-demo", "search", "观影", cwd=tmp_path)
+    assert in_demo.stdout == f"no notes yet in {tmp_path / '.brain-demo'}: run brain sync --vault DIR or --memos URL\n"
+
+
+@pytest.mark.parametrize("command", [["search", "观影"], ["search", "观影", "--json"], ["ask", "观影"], ["status"],
+                                     ["status", "--json"], ["get", "vault:notes/a.md"], ["sessions"],
+                                     ["sessions", "delete", "电影"], ["source", "list"], ["source", "remove", "notes"],
+                                     ["doctor"], ["doctor", "--repair"]])
+def test_a_command_that_reads_never_creates_a_home(tmp_path, command):
+    typo = tmp_path / "hmoe"
+    done = brain(typo, *command)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.startswith(f"brain: no home at {typo}: `brain sync --vault DIR` (or --memos URL) with this home "
+                                  "creates it")
+    assert not typo.exists()
+
+
+def test_sync_creates_the_home_it_is_pointed_at(tmp_path, make_vault):
+    nested = tmp_path / "new" / "home"
+    assert brain(nested, "sync", "--vault", str(make_vault({"a.md": "# A\n\nalpha"}))).returncode == 0
+    assert json.loads(brain(nested, "status", "--json").stdout)["notes"] == 1
+
+
+def test_plain_status_shows_each_channels_progress_and_time_left(home, make_vault, monkeypatch):
+    """During a fill (here stopped after 8 of 12 chunks) the plain status says what --json says."""
+    import rag_app.sync as sync_module
+    from rag_app.engine import Brain
+    from rag_app.sync import StopRequested
+
+    vault = make_vault({f"n{i:02d}.md": f"# Note {i}\n\n" + ("text " * 20) for i in range(12)})
+    for batch in ("FIRST_FILL_BATCH", "MIN_FILL_BATCH", "MAX_FILL_BATCH"):
+        monkeypatch.setattr(sync_module, batch, 4)
+    stop, batches = StopRequested(), []
+    original = sync_module.Manifest.add_model
+
+    def stop_after_two_batches(self, note_ids, model):
+        original(self, note_ids, model)
+        batches.append(model)
+        if len(batches) == 2:
+            stop.set()
+
+    monkeypatch.setattr(sync_module.Manifest, "add_model", stop_after_two_batches)
+    assert Brain(home).sync(vaults=(str(vault),), stop=stop).interrupted
+    shown = brain(home, "status").stdout.splitlines()
+    assert re.fullmatch(r"search channels: bm25 complete; use-m3 8/12 chunks, ~\d+ s left", shown[3]), shown
+    assert brain(home, "sync").returncode == 0
+    assert brain(home, "status").stdout.splitlines()[3] == "search channels: bm25 complete; use-m3 complete"
+
+
+def test_a_written_answer_names_its_model_and_a_time_phrase_its_filter(home, make_vault):
+    vault = make_vault({"incident.md": "---\ndate: 2024-03-05\n---\n# Payment incident\n\nThe payment service "
+                                       "timed out for ten minutes.\n",
+                        "plan.md": "---\ndate: 2024-06-01\n---\n# Garden plan\n\nTomatoes and basil.\n"})
+    assert brain(home, "sync", "--vault", str(vault)).returncode == 0
+    with OpenAIDouble([lambda body: "The payment service timed out [1]."]) as double:
+        url = double.url
+        done = brain(home, "ask", "2024年3月的 payment incident", env={"LLM_BASE_URL": url, "LLM_MODEL": "qwen2.5"})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[:3] == ["The payment service timed out [1].", f"(written by qwen2.5 at {url})",
+                         '(time filter from "2024年3月": 2024-03-01 – 2024-03-31)']
+    plain = brain(home, "ask", "2024年3月的 payment incident", env={"LLM_BASE_URL": "", "LLM_MODEL": ""}).stdout
+    assert '(time filter from "2024年3月": 2024-03-01 – 2024-03-31)' in plain and "written by" not in plain
 
 
 def test_help_lists_every_command_in_whole_sentences_and_every_json_flag_is_explained(home):
@@ -281,3 +366,29 @@ def test_help_lists_every_command_in_whole_sentences_and_every_json_flag_is_expl
         json_line = next(line for line in brain(home, *command.split(), "--help").stdout.splitlines()
                          if "--json" in line)
         assert "JSON" in json_line.split("--json", 1)[1], command
+
+
+def readme_commands() -> list[str]:
+    """Every command line of the README's bash blocks, comments and continuation lines left out."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    lines = [line for block in re.findall(r"```bash\n(.*?)```", readme, re.S) for line in block.splitlines()]
+    return [line for line in lines if shlex.split(line, comments=True)]
+
+
+def test_every_readme_command_runs_as_pasted():
+    """A README line gets pasted whole: a `|` meaning "or" pipes one command into the next (`brain sessions --json |
+    brain sessions delete 电影` deleted a conversation without asking) and `[--json]` is an argument, not a hint."""
+    commands = readme_commands()
+    assert len(commands) >= 20
+    for line in commands:
+        words = shlex.split(line, comments=True)
+        assert not [w for w in words if "|" in w or w.startswith("[")], line
+        if words[0] == "brain":
+            parsed = CliRunner().invoke(cli.main, [*words[1:], "--help"], prog_name="brain")
+            assert parsed.exit_code == 0 and parsed.output.startswith("Usage: brain"), (line, parsed.output)
+
+
+def test_make_demo_takes_the_port_and_prints_it():
+    planned = subprocess.run(["make", "-n", "demo", "PORT=7861"], capture_output=True, text=True, cwd=REPO, check=True)
+    assert "serve --port 7861" in planned.stdout and "http://127.0.0.1:7861" in planned.stdout
+    assert "7860" not in planned.stdout
