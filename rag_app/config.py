@@ -59,58 +59,15 @@ class SourceSpec:
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> SourceSpec:
-        kind = str(data.get("kind") or "")
-        if kind not in ("vault", "memos"):
-            raise ConfigError(f"source {data.get('name')!r}: kind must be 'vault' or 'memos', got {kind!r}")
-        spec = SourceSpec(
-            name=str(data.get("name") or ""),
-            kind=kind,
-            path=str(data.get("path") or ""),
-            url=str(data.get("url") or ""),
-            include_archived=bool(data.get("include_archived", False)),
-            include_comments=bool(data.get("include_comments", True)),
-            timeout=_optional(data, "timeout", float, 0.05, 600.0),
-            max_retries=_optional(data, "max_retries", int, 0, 20),
-            page_size=_optional(data, "page_size", int, 1, 1000),
-            token_env=str(data.get("token_env") or ""),
-            max_memos=_optional(data, "max_memos", int, 1, 100_000_000),
-            max_memo_bytes=_optional(data, "max_memo_bytes", int, 1_000, 1 << 30),
-            max_response_bytes=_optional(data, "max_response_bytes", int, 1_000, 1 << 34),
-            max_listing_bytes=_optional(data, "max_listing_bytes", int, 1_000, 1 << 40),
-            request_deadline=_optional(data, "request_deadline", float, 0.1, 86_400.0),
-            listing_deadline=_optional(data, "listing_deadline", float, 1.0, 7 * 86_400.0),
-        )
-        if spec.token_env and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", spec.token_env):
-            raise ConfigError(f"source {spec.name!r}: token_env must name an environment variable, got "
-                              f"{spec.token_env!r} (put the token in that variable, never in the config)")
-        if kind == "vault" and not spec.path:
-            raise ConfigError(f"source {spec.name!r}: a vault source needs 'path'")
-        if kind == "memos" and not spec.url:
-            raise ConfigError(f"source {spec.name!r}: a memos source needs 'url'")
-        if kind == "memos":
-            check_memos_url(spec.url, spec.name or spec.url)
-        if not spec.name:
-            spec.name = default_source_name(spec)
-        if not _SOURCE_NAME.fullmatch(spec.name) or spec.name.strip(". ") == "" or spec.name != spec.name.strip():
-            raise ConfigError(f"source name {spec.name!r}: up to 100 characters, no '/', backslash or control "
-                              "characters, not '.' or '..' (it is part of every note id)")
-        return spec
+        """A source from a mapping (a remembered source, a --vault or --memos flag), checked as a [[sources]] entry."""
+        try:
+            return SourceSpec(**SourceSection(**data).model_dump())
+        except ValidationError as exc:
+            raise ConfigError(_first_problem(exc, "source", SourceSection, table="source")) from None
 
 
 _SOURCE_NAME = re.compile(r"[^/\\\x00-\x1f\x7f]{1,100}")
-
-
-def _optional(data: dict[str, Any], key: str, kind: type, low: float, high: float) -> Any:
-    """An optional number of a source, checked against its range (bools are not numbers here)."""
-    value = data.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or (kind is int and not isinstance(value, int)):
-        what = "a whole number" if kind is int else "a number"
-        raise ConfigError(f"source {data.get('name')!r}: {key} must be {what}, got {value!r}")
-    if not low <= value <= high:
-        raise ConfigError(f"source {data.get('name')!r}: {key} must be from {low:g} to {high:g}, got {value!r}")
-    return kind(value)
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 
 def default_source_name(spec: SourceSpec) -> str:
@@ -133,6 +90,14 @@ def memos_source(url: str) -> SourceSpec:
 
 def check_memos_url(url: str, name: str) -> None:
     """A Memos URL is http(s)://host[:port][/path]: anything else is a typo, refused before it is remembered."""
+    if not _is_memos_url(url):
+        raise ConfigError(f"source {name!r}: {_MEMOS_URL_RULE}, got {url!r}")
+
+
+_MEMOS_URL_RULE = "the Memos URL must look like https://memos.example.com (http or https, then a host)"
+
+
+def _is_memos_url(url: str) -> bool:
     from urllib.parse import urlsplit
 
     try:
@@ -142,10 +107,8 @@ def check_memos_url(url: str, name: str) -> None:
         port_ok = False
         parts = urlsplit("")
     host = parts.hostname or ""
-    if parts.scheme not in ("http", "https") or not port_ok or not re.fullmatch(r"[\w.\-]+|\[[0-9a-fA-F:.]+\]|"
-                                                                                r"[0-9a-fA-F:]+", host):
-        raise ConfigError(f"source {name!r}: the Memos URL must look like https://memos.example.com "
-                          f"(http or https, then a host), got {url!r}")
+    return parts.scheme in ("http", "https") and port_ok and bool(re.fullmatch(r"[\w.\-]+|\[[0-9a-fA-F:.]+\]|"
+                                                                                r"[0-9a-fA-F:]+", host))
 
 
 class _Section(BaseModel):
@@ -158,6 +121,71 @@ class _Section(BaseModel):
 def _default(section: type[_Section], key: str) -> Any:
     """A key's default, read from its section: the model is the one place defaults are written."""
     return section.model_fields[key].default
+
+
+class SourceSection(_Section):
+    """One [[sources]] entry; SourceSpec is what the rest of the app holds. Keys are validated in this order, so a
+    later key's check can read the earlier ones (kind, then path and url, then the name made from them)."""
+
+    kind: str = Field("", validate_default=True)
+    path: str = Field("", validate_default=True)
+    url: str = Field("", validate_default=True)
+    name: str = Field("", validate_default=True)
+    include_archived: bool = False
+    include_comments: bool = True
+    token_env: str = ""  # Memos: the environment variable holding this server's token (never the token itself)
+    timeout: float | None = Field(None, ge=0.05, le=600.0)
+    max_retries: int | None = Field(None, ge=0, le=20)
+    page_size: int | None = Field(None, ge=1, le=1000)
+    max_memos: int | None = Field(None, ge=1, le=100_000_000)
+    max_memo_bytes: int | None = Field(None, ge=1_000, le=1 << 30)
+    max_response_bytes: int | None = Field(None, ge=1_000, le=1 << 34)
+    max_listing_bytes: int | None = Field(None, ge=1_000, le=1 << 40)
+    request_deadline: float | None = Field(None, ge=0.1, le=86_400.0)
+    listing_deadline: float | None = Field(None, ge=1.0, le=7 * 86_400.0)
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, value: str) -> str:
+        if value not in ("vault", "memos"):
+            raise ValueError("must be 'vault' or 'memos'")
+        return value
+
+    @field_validator("path")
+    @classmethod
+    def _vault_has_path(cls, value: str, info: ValidationInfo) -> str:
+        if info.data.get("kind") == "vault" and not value:
+            raise ValueError("a vault source needs 'path'")
+        return value
+
+    @field_validator("url")
+    @classmethod
+    def _memos_has_url(cls, value: str, info: ValidationInfo) -> str:
+        if info.data.get("kind") == "memos" and not value:
+            raise ValueError("a memos source needs 'url'")
+        if info.data.get("kind") == "memos" and not _is_memos_url(value):
+            raise ValueError(_MEMOS_URL_RULE)
+        return value
+
+    @field_validator("name")
+    @classmethod
+    def _usable_name(cls, value: str, info: ValidationInfo) -> str:
+        """A name is part of every note id; none given: the vault folder's name or the Memos host."""
+        if not value and {"kind", "path", "url"} <= info.data.keys():
+            value = default_source_name(SourceSpec(name="", kind=info.data["kind"], path=info.data["path"],
+                                                   url=info.data["url"]))
+        if not _SOURCE_NAME.fullmatch(value) or value.strip(". ") == "" or value != value.strip():
+            raise ValueError("up to 100 characters, no '/', backslash or control characters, not '.' or '..' (it is "
+                             "part of every note id)")
+        return value
+
+    @field_validator("token_env")
+    @classmethod
+    def _names_a_variable(cls, value: str) -> str:
+        if value and not _ENV_NAME.fullmatch(value):
+            raise ValueError("must name an environment variable (put the token in that variable, never in the "
+                             "config)")
+        return value
 
 
 class RemoteEmbedding(_Section):
@@ -445,7 +473,9 @@ def _apply(settings: Settings, data: dict[str, Any], where: Path) -> None:
     sources = data.get("sources", [])
     if not isinstance(sources, list):
         raise ConfigError(f"{where}: 'sources' must be an array of tables ([[sources]])")
-    settings.sources = [SourceSpec.from_dict(s) for s in sources]
+    settings.sources = [SourceSpec(**_typed_section(SourceSection, f"sources[{i}]", entry, where,
+                                                    table=f"sources[{i}]").model_dump())
+                        for i, entry in enumerate(sources)]
     names = [s.name for s in settings.sources]
     if len(names) != len(set(names)):
         raise ConfigError(f"{where}: two sources share a name: {names}")
@@ -467,23 +497,27 @@ def _apply(settings: Settings, data: dict[str, Any], where: Path) -> None:
 _AnySection = TypeVar("_AnySection", bound=_Section)
 
 
-def _typed_section(model: type[_AnySection], name: str, data: object, where: Path) -> _AnySection:
-    """The section validated, with every default filled in (the defaults live in the model, nowhere else)."""
+def _typed_section(model: type[_AnySection], name: str, data: object, where: Path,
+                   table: str | None = None) -> _AnySection:
+    """The section validated, with every default filled in (the defaults live in the model, nowhere else). `table`
+    is how the section is named on its own (default `[name]`; a [[sources]] entry is `sources[i]`)."""
+    table = table or f"[{name}]"
     if not isinstance(data, dict):
-        raise ConfigError(f"{where}: [{name}] must be a table")
+        raise ConfigError(f"{where}: {table} must be a table")
     try:
         return model(**data)
     except ValidationError as exc:
-        raise ConfigError(f"{where}: {_first_problem(exc, name, model)}") from None
+        raise ConfigError(f"{where}: {_first_problem(exc, name, model, table)}") from None
 
 
-def _first_problem(exc: ValidationError, name: str, model: type[_Section]) -> str:
+def _first_problem(exc: ValidationError, name: str, model: type[_Section], table: str | None = None) -> str:
     """One line naming `section.key`: unknown keys first (all of them, beside the known ones), else the first bad
     value, a number described by its whole range."""
     errors = exc.errors()
     unknown = [repr(error["loc"][0]) for error in errors if error["type"] == "extra_forbidden"]
     if unknown:
-        return f"[{name}] has no setting {', '.join(unknown)}; known: {', '.join(sorted(model.model_fields))}"
+        return f"{table or f'[{name}]'} has no setting {', '.join(unknown)}; known: " \
+               f"{', '.join(sorted(model.model_fields))}"
     error = errors[0]
     if not error["loc"]:  # a rule across keys: its message names them
         return str(error["ctx"]["error"])

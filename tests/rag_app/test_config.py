@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rag_app.config import ConfigError, RemoteEmbedding, load_settings
+from rag_app.config import ConfigError, RemoteEmbedding, SourceSpec, load_settings
 
 
 def settings_from(tmp_path: Path, text: str):
@@ -202,3 +202,62 @@ def test_trusted_proxies_are_read_as_addresses_or_networks_and_none_by_default(t
     text = '[serve]\ntrusted_proxies = ["127.0.0.1", "10.0.0.0/8", "::1"]\n'
     assert settings_from(tmp_path, text).serve["trusted_proxies"] == ["127.0.0.1", "10.0.0.0/8", "::1"]
     assert settings_from(tmp_path, "[serve]\n").serve["trusted_proxies"] == []
+
+
+SOURCE_KEYS = ("include_archived, include_comments, kind, listing_deadline, max_listing_bytes, max_memo_bytes, "
+               "max_memos, max_response_bytes, max_retries, name, page_size, path, request_deadline, timeout, "
+               "token_env, url")
+VAULT = '[[sources]]\nkind = "vault"\npath = "/tmp/notes"\n'
+MEMOS = '[[sources]]\nkind = "memos"\nurl = "https://memos.example.com"\n'
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    # a misspelt key is refused, naming every key a source knows (not silently ignored)
+    (MEMOS + 'tokn_env = "X"\n', f"sources[0] has no setting 'tokn_env'; known: {SOURCE_KEYS}"),
+    (VAULT + MEMOS + 'tokn_env = "X"\nlimit = 3\n', f"sources[1] has no setting 'tokn_env', 'limit'; known: "
+     f"{SOURCE_KEYS}"),
+    # a quoted boolean is not a boolean (bool("false") is True)
+    (MEMOS + 'include_archived = "false"\n', "sources[0].include_archived: input should be a valid boolean, "
+     "got 'false'"),
+    (MEMOS + "include_comments = 0\n", "sources[0].include_comments: input should be a valid boolean, got 0"),
+    (MEMOS + "token_env = 5\n", "sources[0].token_env: input should be a valid string, got 5"),
+    ('[[sources]]\nkind = "vault"\npath = 5\n', "sources[0].path: input should be a valid string, got 5"),
+    # numbers: their type and whole range, as in every section
+    (MEMOS + 'timeout = "fast"\n', "sources[0].timeout: must be a number from 0.05 to 600, got 'fast'"),
+    (MEMOS + "timeout = true\n", "sources[0].timeout: must be a number from 0.05 to 600, got True"),
+    (MEMOS + "max_retries = 1.5\n", "sources[0].max_retries: must be a whole number from 0 to 20, got 1.5"),
+    (VAULT + MEMOS + "page_size = 0\n", "sources[1].page_size: must be a whole number from 1 to 1,000, got 0"),
+    (MEMOS + "max_memos = 100000001\n",
+     "sources[0].max_memos: must be a whole number from 1 to 100,000,000, got 100000001"),
+    (MEMOS + "listing_deadline = 0.5\n", "sources[0].listing_deadline: must be a number from 1 to 604,800, got 0.5"),
+    # what a source means is checked too
+    ('[[sources]]\nkind = "obsidian"\npath = "/tmp"\n',
+     "sources[0].kind: must be 'vault' or 'memos', got 'obsidian'"),
+    ('[[sources]]\npath = "/tmp"\n', "sources[0].kind: must be 'vault' or 'memos', got ''"),
+    ('[[sources]]\nkind = "vault"\n', "sources[0].path: a vault source needs 'path', got ''"),
+    ('[[sources]]\nkind = "memos"\n', "sources[0].url: a memos source needs 'url', got ''"),
+    ('[[sources]]\nkind = "memos"\nurl = "memos.example.com"\n', "sources[0].url: the Memos URL must look like "
+     "https://memos.example.com (http or https, then a host), got 'memos.example.com'"),
+    (MEMOS + 'token_env = "memos_pat_xyz-1"\n', "sources[0].token_env: must name an environment variable (put the "
+     "token in that variable, never in the config), got 'memos_pat_xyz-1'"),
+    (VAULT + 'name = "a/b"\n', "sources[0].name: up to 100 characters, no '/', backslash or control characters, not "
+     "'.' or '..' (it is part of every note id), got 'a/b'"),
+    ("sources = [5]\n", "sources[0] must be a table"),
+])
+def test_a_source_entry_refuses_unknown_keys_and_wrong_types_with_the_entry_named(tmp_path: Path, text: str,
+                                                                                   says: str):
+    assert refusal(tmp_path, text) == says
+
+
+def test_a_source_entry_reads_every_key_with_its_type(tmp_path: Path):
+    text = (MEMOS + 'name = "cflow"\ntoken_env = "CFLOW_TOKEN"\ninclude_archived = false\ninclude_comments = false\n'
+            "timeout = 30\nmax_retries = 0\npage_size = 1000\nmax_memos = 5\nlisting_deadline = 60\n" + VAULT)
+    memos, vault = settings_from(tmp_path, text).sources
+    assert (memos.name, memos.token_env, memos.include_archived, memos.include_comments) == \
+        ("cflow", "CFLOW_TOKEN", False, False)
+    assert memos.memos_limits() == {"timeout": 30.0, "max_retries": 0, "page_size": 1000, "max_memos": 5,
+                                    "listing_deadline": 60.0}
+    assert isinstance(memos.memos_limits()["timeout"], float)
+    assert (vault.name, vault.kind, vault.path, vault.include_archived, vault.include_comments) == \
+        ("notes", "vault", "/tmp/notes", False, True)
+    assert SourceSpec.from_dict(memos.to_dict()) == memos  # the manifest keeps a source as to_dict() and reads it back

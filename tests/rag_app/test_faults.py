@@ -89,13 +89,15 @@ def test_memos_fault_through_the_cli_says_one_line_and_never_the_token(memos_set
 
 
 
-@pytest.mark.parametrize(("line", "message"), [("timeout = \"fast\"", "timeout must be a number"),
-                                               ("max_retries = 1.5", "max_retries must be a whole number"),
-                                               ("page_size = 0", "page_size must be from 1 to 1000")])
+@pytest.mark.parametrize(("line", "message"), [
+    ("timeout = \"fast\"", "sources[0].timeout: must be a number from 0.05 to 600, got 'fast'"),
+    ("max_retries = 1.5", "sources[0].max_retries: must be a whole number from 0 to 20, got 1.5"),
+    ("page_size = 0", "sources[0].page_size: must be a whole number from 1 to 1,000, got 0")])
 def test_a_bad_client_knob_is_a_clear_config_error(home, line: str, message: str):
     (home / "config.toml").write_text(f'[[sources]]\nkind = "memos"\nurl = "http://127.0.0.1:9"\n{line}\n')
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError) as caught:
         Brain(home)
+    assert message in str(caught.value)
 
 
 @pytest.mark.parametrize("mid_write", [False, True], ids=["random-point", "mid-write"])

@@ -151,13 +151,13 @@ def test_a_source_naming_an_unset_token_variable_fails_and_keeps_its_notes(home:
 
 @pytest.mark.parametrize("value", ["TOKEN A", "memos_pat_xyz-123", "$TOKEN"])
 def test_token_env_must_name_a_variable_not_hold_a_token(value: str):
-    with pytest.raises(ConfigError, match="token_env must name an environment variable"):
+    with pytest.raises(ConfigError, match="source.token_env: must name an environment variable"):
         SourceSpec.from_dict({"kind": "memos", "url": "https://m.example", "token_env": value})
 
 
 @pytest.mark.parametrize("name", ["a/b", "..", "tab\tname", " padded"])
 def test_a_source_name_that_would_break_note_ids_is_refused(name: str):
-    with pytest.raises(ConfigError, match="source name"):
+    with pytest.raises(ConfigError, match=r"source\.name: up to 100 characters.* not '\.' or '\.\.'"):
         SourceSpec.from_dict({"kind": "vault", "path": "/tmp", "name": name})
 
 
