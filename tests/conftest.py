@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import socket
 import subprocess
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,46 @@ def stop(process: subprocess.Popen, timeout: float = 15) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+_CAP_VERSION_3 = 0x20080522
+_CAP_DAC_OVERRIDE, _CAP_DAC_READ_SEARCH = 1, 2
+
+
+@contextmanager
+def as_an_ordinary_user() -> Iterator[None]:
+    """File modes apply to this block even when the tests run as root (CI does): root reads and lists whatever a mode
+    says only through two capabilities, CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH, and this thread drops them from its
+    effective set until the block ends. Linux keeps capabilities per thread and only the effective set changes, so
+    nothing else runs with less and they come back afterwards; no path is opened up, no other interpreter is needed.
+    Not root: nothing to drop."""
+    if os.geteuid() != 0:
+        yield
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    header, data = _CapHeader(_CAP_VERSION_3, 0), (_CapData * 2)()
+
+    def call(function: Callable[..., int]) -> None:
+        if function(ctypes.byref(header), data) != 0:
+            raise OSError(ctypes.get_errno(), f"{function.__name__} failed")
+
+    call(libc.capget)
+    kept = data[0].effective
+    data[0].effective &= ~(1 << _CAP_DAC_OVERRIDE | 1 << _CAP_DAC_READ_SEARCH)
+    call(libc.capset)
+    try:
+        yield
+    finally:
+        data[0].effective = kept
+        call(libc.capset)
 
 
 def write_files(root: Path, files: dict[str, str | bytes]) -> Path:

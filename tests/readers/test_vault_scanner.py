@@ -22,10 +22,9 @@ from readers.vault_scanner import (
     file_signature,
     vault_note_id,
 )
-from tests.conftest import SAMPLE_VAULT
+from tests.conftest import SAMPLE_VAULT, as_an_ordinary_user
 
 MakeVault = Callable[..., Path]
-IS_ROOT = os.geteuid() == 0
 
 
 def scan(root: Path, name: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> SourceListing:
@@ -382,18 +381,31 @@ def test_empty_file_is_a_note_with_empty_text(make_vault: MakeVault) -> None:
     assert (note.text, note.title, warnings) == ("", "empty", [])
 
 
-@pytest.mark.skipif(IS_ROOT, reason="root reads files whatever their mode")
 def test_unreadable_file_keeps_its_indexed_copy(make_vault: MakeVault) -> None:
     """A permission error puts the id in `kept_ids` so the sync does not delete the note."""
     root = make_vault({"locked.md": "secret", "ok.md": "ok"})
     (root / "locked.md").chmod(0)
     try:
-        listing = scan(root)
+        with as_an_ordinary_user():
+            listing = scan(root)
     finally:
         (root / "locked.md").chmod(0o644)
     assert [r.metadata["path"] for r in listing.records] == ["ok.md"]
     assert listing.kept_ids == {"vault:notes/locked.md"}
     assert listing.warnings == ["locked.md: cannot be read (Permission denied); its indexed copy is kept"]
+
+
+def test_file_modes_hold_for_root_only_inside_the_ordinary_user_block(make_vault: MakeVault) -> None:
+    """The permission tests run as root in CI: inside the block a mode-0 file cannot be read, after it root is root."""
+    root = make_vault({"locked.md": "secret"})
+    (root / "locked.md").chmod(0)
+    try:
+        with as_an_ordinary_user(), pytest.raises(PermissionError):
+            (root / "locked.md").read_text(encoding="utf-8")
+        if os.geteuid() == 0:
+            assert (root / "locked.md").read_text(encoding="utf-8") == "secret"
+    finally:
+        (root / "locked.md").chmod(0o644)
 
 
 def test_a_note_that_cannot_be_opened_keeps_its_indexed_copy(make_vault: MakeVault) -> None:
@@ -422,25 +434,23 @@ def test_a_folder_named_like_a_note_is_walked_as_a_folder(make_vault: MakeVault)
     assert ([r.id for r in listing.records], listing.warnings) == (["vault:notes/x.md/inner.md"], [])
 
 
-@pytest.mark.skipif(IS_ROOT, reason="root lists folders whatever their mode")
 def test_an_unlistable_folder_fails_the_scan_instead_of_hiding_its_notes(make_vault: MakeVault) -> None:
     """A partial listing would make the sync delete every note in that folder."""
     root = make_vault({"ok.md": "ok", "private/a.md": "a"})
     (root / "private").chmod(0)
     try:
-        with pytest.raises(VaultError, match="private"):
+        with as_an_ordinary_user(), pytest.raises(VaultError, match="private"):
             scan(root)
     finally:
         (root / "private").chmod(0o755)
 
 
-@pytest.mark.skipif(IS_ROOT, reason="root lists folders whatever their mode")
 def test_an_unlistable_root_fails_the_scan_instead_of_listing_nothing(make_vault: MakeVault) -> None:
     """An empty listing of an unreadable vault would make the sync delete every note (e.g. macOS privacy denials)."""
     root = make_vault({"ok.md": "ok"})
     root.chmod(0o311)
     try:
-        with pytest.raises(VaultError, match="cannot list the vault folder"):
+        with as_an_ordinary_user(), pytest.raises(VaultError, match="cannot list the vault folder"):
             scan(root)
     finally:
         root.chmod(0o755)
