@@ -14,7 +14,16 @@ from typing import Any, NoReturn
 import click
 
 from rag_app.answer import AnswerResponse, readable_excerpt
-from rag_app.engine import Brain, ConfigError, SearchError, SourceReport, StoreError, SyncBusyError, SyncReport
+from rag_app.engine import (
+    BackgroundWatch,
+    Brain,
+    ConfigError,
+    SearchError,
+    SourceReport,
+    StoreError,
+    SyncBusyError,
+    SyncReport,
+)
 from rag_app.sync import time_left
 
 EXIT_FAILED, EXIT_USAGE, EXIT_BUSY, EXIT_INTERRUPTED = 1, 2, 3, 130
@@ -488,14 +497,21 @@ def watch(ctx: click.Context, vaults: tuple[str, ...], memos: tuple[str, ...], i
         brain.watch(specs, interval, on_sync)
 
 
-def _keep_fresh(brain: Brain, watch_sources: bool, interval: float) -> None:
-    """`--watch`: a watcher thread over every known source; otherwise a stale index is refreshed before a search."""
-    if watch_sources:
-        with _reported():
-            specs = brain.resolve_sources()
-        brain.watch_in_background(specs, interval)
-    else:
+@contextmanager
+def kept_fresh(brain: Brain, watch_sources: bool, interval: float) -> Iterator[BackgroundWatch | None]:
+    """For a server's lifetime: with `--watch`, a watcher thread over every known source, stopped when the server
+    returns; otherwise a stale index is refreshed before a search."""
+    if not watch_sources:
         brain.auto_refresh = True
+        yield None
+        return
+    with _reported():
+        specs = brain.resolve_sources()
+    watcher = brain.watch_in_background(specs, interval)
+    try:
+        yield watcher
+    finally:
+        watcher.stop()
 
 
 @main.command(short_help="The chat page in your browser.")
@@ -511,8 +527,7 @@ def serve(ctx: click.Context, host: str, port: int, watch_sources: bool, interva
     from rag_app import page
 
     brain = _open(ctx, create=True)
-    _keep_fresh(brain, watch_sources, interval)
-    with _reported():
+    with kept_fresh(brain, watch_sources, interval), _reported():
         page.serve(brain, host, port)
 
 
@@ -529,8 +544,7 @@ def mcp(ctx: click.Context, over_http: bool, host: str, port: int, watch_sources
     from tools import mcp_server
 
     brain = _open(ctx, create=True)
-    _keep_fresh(brain, watch_sources, interval)
-    with _reported():
+    with kept_fresh(brain, watch_sources, interval), _reported():
         if over_http:
             mcp_server.run_http(brain, host=host, port=port)
         else:

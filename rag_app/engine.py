@@ -39,15 +39,16 @@ from rag_app.sync import (
     remove_source,
     sync_sources,
 )
+from rag_app.watch import BackgroundWatch, Watcher, watch_in_background
 from readers.records import decode_list
 
 if TYPE_CHECKING:
     from rag_app.answer import AnswerResponse
     from rag_app.retrieve import SearchIndex, SearchResponse
 
-__all__ = ["Brain", "CaptureError", "ConfigError", "NoteNotFound", "Progress", "SearchError", "SessionError",
-           "SessionNotFound", "SourceError", "SourceReport", "StopRequested",
-           "StoreError", "SyncBusyError", "SyncReport"]
+__all__ = ["BackgroundWatch", "Brain", "CaptureError", "ConfigError", "NoteNotFound", "Progress", "SearchError",
+           "SessionError", "SessionNotFound", "SourceError", "SourceReport", "StopRequested", "StoreError",
+           "SyncBusyError", "SyncReport"]
 
 
 log = logging.getLogger("cflow_brain.engine")
@@ -147,14 +148,11 @@ class Brain:
     def watch(self, specs: list[SourceSpec], interval: float,
               on_sync: Callable[[str, SyncReport], None] | None = None) -> None:
         """Keep these sources fresh until SIGINT/SIGTERM (see rag_app.watch)."""
-        from rag_app.watch import Watcher
-
         Watcher(self.settings, specs, interval, on_sync).run()
 
-    def watch_in_background(self, specs: list[SourceSpec], interval: float) -> StopRequested:
-        """The same watcher on a daemon thread, for the page and the MCP server; set the returned flag to stop it."""
-        from rag_app.watch import watch_in_background
-
+    def watch_in_background(self, specs: list[SourceSpec], interval: float) -> BackgroundWatch:
+        """The same watcher on a daemon thread, for the page and the MCP server; stop it through the returned handle
+        when the server ends."""
         def logged(trigger: str, report: SyncReport) -> None:
             log.info("watch (%s): %s", trigger, {s.name: (s.added, s.updated, s.deleted) for s in report.sources})
 

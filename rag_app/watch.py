@@ -137,13 +137,31 @@ class Watcher:
             return
 
 
+class BackgroundWatch:
+    """A Watcher on a daemon thread, for `serve --watch` and `mcp --watch`: `stop()` when the server ends."""
+
+    def __init__(self, watcher: Watcher):
+        self.watcher = watcher
+        self.thread = threading.Thread(target=_logged(watcher.run), name="brain-watch", daemon=True)
+
+    def stop(self, timeout: float = 30.0) -> bool:
+        """Ask the watcher to stop and wait up to `timeout` s for a sync in hand to finish its batch; True when the
+        thread has ended (a daemon left running would be cut off mid-write when the process exits)."""
+        self.watcher.stop.set()
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            log.warning("watch: the background watcher did not stop within %g s; the next sync resumes its work",
+                        timeout)
+            return False
+        return True
+
+
 def watch_in_background(settings: Settings, specs: list[SourceSpec], interval: float,
-                        on_sync: Callable[[str, SyncReport], None] | None = None) -> StopRequested:
-    """Run a Watcher on a daemon thread (for `serve --watch` and `mcp --watch`); set the returned flag to stop it."""
-    stop = StopRequested()
-    watcher = Watcher(settings, specs, interval, on_sync, stop)
-    threading.Thread(target=_logged(watcher.run), name="brain-watch", daemon=True).start()
-    return stop
+                        on_sync: Callable[[str, SyncReport], None] | None = None) -> BackgroundWatch:
+    """Start a Watcher on a daemon thread; stop it through the returned handle."""
+    background = BackgroundWatch(Watcher(settings, specs, interval, on_sync))
+    background.thread.start()
+    return background
 
 
 def _logged(run: Callable[[], None]) -> Callable[[], None]:

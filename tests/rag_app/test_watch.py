@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+from rag_app import cli
 from rag_app.engine import Brain
 from tests.conftest import REPO
 from tests.doubles.memos_server import MemosDouble
@@ -93,14 +94,36 @@ def test_watch_polls_memos_on_its_interval_and_exits_0_on_sigint(home):
 def test_a_background_watcher_keeps_a_long_running_brain_fresh(home, make_vault):
     vault = make_vault({"a.md": "# Alpha\n\nfirst\n"})
     brain_ = Brain(home)
-    stop = brain_.watch_in_background(brain_.resolve_sources(vaults=(str(vault),)), interval=60)
+    watcher = brain_.watch_in_background(brain_.resolve_sources(vaults=(str(vault),)), interval=60)
     try:
         wait_for(lambda: brain_.status()["notes"] == 1, 120)
         assert [r["note_id"] for r in brain_.search("first", mode="bm25").results] == ["vault:notes/a.md"]
         (vault / "c.md").write_text("# Charlie\n\nnarwhal facts\n", encoding="utf-8")
         wait_for(lambda: [r["note_id"] for r in brain_.search("narwhal").results[:1]] == ["vault:notes/c.md"], 30)
     finally:
-        stop.set()
+        ended = watcher.stop(timeout=30)
+    assert ended and not watcher.thread.is_alive()
+
+
+def test_serve_and_mcp_with_watch_stop_their_watcher_when_they_end(home, make_vault):
+    """`serve --watch` and `mcp --watch` run inside cli.kept_fresh: when the server returns, the watcher thread ends
+    (a sync in hand finishes its batch) instead of being cut off mid-write at exit."""
+    vault = make_vault({"a.md": "# Alpha\n\nfirst\n"})
+    (home / "config.toml").write_text(f'[embedding]\nmodel = "use-m3"\n[[sources]]\nkind = "vault"\npath = "{vault}"\n',
+                                      encoding="utf-8")
+    brain_ = Brain(home)
+    with cli.kept_fresh(brain_, True, interval=60) as watcher:
+        assert watcher is not None and watcher.thread.is_alive()
+        wait_for(lambda: brain_.status()["notes"] == 1, 120)
+    watcher.thread.join(1)
+    assert not watcher.thread.is_alive()
+    assert not brain_.auto_refresh
+
+
+def test_serve_and_mcp_without_watch_refresh_a_stale_index_instead(home):
+    brain_ = Brain(home)
+    with cli.kept_fresh(brain_, False, interval=60) as watcher:
+        assert watcher is None and brain_.auto_refresh
 
 
 def test_a_stale_index_is_refreshed_before_a_search_and_embedding_goes_on_in_the_background(home, make_vault):
