@@ -472,9 +472,6 @@ class Manifest:
             out += [(c, n, t, json.loads(m)) for c, n, t, m in rows]
         return out
 
-    def chunker_in_use(self) -> set[str]:
-        return {row[0] for row in self.db.execute("SELECT DISTINCT chunker FROM notes")}
-
     def sources(self) -> dict[str, dict[str, Any]]:
         out = {}
         for name, kind, spec, last_sync, last_result in self.db.execute("SELECT * FROM sources ORDER BY name"):
