@@ -257,6 +257,32 @@ def test_on_a_phone_the_question_box_is_on_the_first_screen(page_url: str, brows
     patient(browser, 10).until(lambda d: in_viewport(d, d.find_element(By.ID, "brain-hit")))
 
 
+def test_a_long_conversation_opens_on_its_last_turns_and_loads_earlier_ones_on_request(
+        sample_home: Path, start_served: Callable[..., Served], browser: webdriver.Chrome, tmp_path: Path) -> None:
+    """Issue 22 item 9: a 2,000-turn conversation took 21.5 s and 20,000 never rendered; the page shows the last
+    turns and pages the rest in from sessions.sqlite."""
+    from tests.test_app import repeat_turn
+
+    home = tmp_path / "long-home"
+    shutil.copytree(sample_home, home)
+    brain = Brain(home)
+    brain.ask(FIRST, 3, session="长对话")
+    brain.close()
+    repeat_turn(home, "长对话", 2_000)
+    browser.get(start_served(home).url)
+
+    def questions(driver: webdriver.Chrome) -> list[str]:
+        return [u.text for u in driver.find_elements(By.CSS_SELECTOR, "[data-testid='user']")]
+
+    earlier = patient(browser, 120).until(lambda d: d.find_element(By.ID, "earlier-turns"))
+    patient(browser, 60).until(lambda d: "1,950 more" in d.find_element(By.ID, "earlier-turns").text)
+    shown = questions(browser)
+    assert len(shown) == 50 and shown[0] == "问题 1950" and shown[-1] == "问题 1999"
+    earlier.click()
+    patient(browser, 60).until(lambda d: len(questions(d)) == 100)
+    assert questions(browser)[0] == "问题 1900" and "1,900 more" in browser.find_element(By.ID, "earlier-turns").text
+
+
 def leads_answer(driver: webdriver.Chrome) -> str | bool:
     """The first answer's text once it is complete as a "not in your notes" answer (its leads listed), else False."""
     try:
