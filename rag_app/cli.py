@@ -23,8 +23,8 @@ from rag_app.engine import (
     StoreError,
     SyncBusyError,
     SyncReport,
+    time_left,
 )
-from rag_app.sync import time_left
 
 EXIT_FAILED, EXIT_USAGE, EXIT_BUSY, EXIT_INTERRUPTED = 1, 2, 3, 130
 DEMO_HOME = ".brain-demo"  # where `make demo` keeps its notes (the Makefile's DEMO_HOME)

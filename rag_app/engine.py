@@ -38,6 +38,7 @@ from rag_app.sync import (
     channel_progress,
     remove_source,
     sync_sources,
+    time_left,
 )
 from rag_app.watch import BackgroundWatch, Watcher, watch_in_background
 from readers.records import decode_list
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BackgroundWatch", "Brain", "CaptureError", "ConfigError", "NoteNotFound", "Progress", "SearchError",
            "SessionError", "SessionNotFound", "SourceError", "SourceReport", "StopRequested", "StoreError",
-           "SyncBusyError", "SyncReport"]
+           "SyncBusyError", "SyncReport", "time_left"]
 
 
 log = logging.getLogger("cflow_brain.engine")

@@ -37,8 +37,8 @@ from rag_app.engine import (  # noqa: E402
     SessionNotFound,
     SourceReport,
     SyncBusyError,
+    time_left,
 )
-from rag_app.sync import time_left  # noqa: E402
 
 EXCERPT_CHARS = 160
 QUESTION_PLACEHOLDER = "问你的笔记 / Ask your notes — e.g. 我想看哪些电影？"
