@@ -18,6 +18,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from rag_app.config import FAST_EMBEDDING
+
 MODEL_FILE = Path(__file__).with_name("relevance_model.json")
 STRONG = 0.3  # relevance cut-points, fixed for every home and shell (chosen on the dev sets: docs/retrieval.md)
 RELATED = 0.1
@@ -33,8 +35,6 @@ def channel_key(channels: Iterable[str]) -> str:
 
 
 def dense_family(model: str) -> str:
-    from rag_app.config import FAST_EMBEDDING
-
     return "use" if model == FAST_EMBEDDING else "e5"
 
 
