@@ -397,6 +397,7 @@ class Brain:
         if llm_error is not None:
             coverage.update(llm="unavailable", llm_error=llm_error)
             notice = f"LLM unavailable ({llm_error}); showing passages"
+            citations = answers.citations_from(found.results)  # the passages below are every result's, numbered so
         coverage.setdefault("llm", "unused")  # configured, but nothing was found to answer from
         mode = "extractive"
         if coverage.get("empty_index"):

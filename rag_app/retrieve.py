@@ -36,6 +36,7 @@ from readers.records import decode_list
 
 EXCERPT_CHARS = 300
 BACKGROUND_SAMPLE = 512  # chunks whose similarity to a query is its background (fixed per index generation)
+MIN_POOL = 30  # chunks a search must be able to return before a hit's standing out means anything (note_evidence)
 GATED_SKIP = 0.01
 CONFIDENCE_CAP = 2.0
 
@@ -136,7 +137,7 @@ class SearchIndex:
                                                        replace=False)
                 got = collection.get(ids=[ordered[i] for i in sorted(rows)], include=["embeddings"])
                 if len(got["ids"]) > 1:
-                    sample = np.asarray(got["embeddings"], dtype=np.float32)
+                    sample = _unit(np.asarray(got["embeddings"], dtype=np.float32))
             self._backgrounds = {k: v for k, v in self._backgrounds.items() if k[1] == key[1]}
             self._backgrounds[key] = sample
         return self._backgrounds[key]
@@ -148,8 +149,9 @@ class SearchIndex:
         if sample is None:
             return None
         texts = [text] + ([folded] if (folded := to_simplified(text)) != text else [])
-        queries = np.asarray([self.embed_query(t, model) for t in texts], dtype=np.float32)
-        sims = (sample @ queries.T).max(axis=1)
+        queries = _unit(np.asarray([self.embed_query(t, model) for t in texts], dtype=np.float32))
+        sims = (sample @ queries.T).max(axis=1)  # cosines, as the channel scores hits (a server's vectors may not be
+        # unit length)
         return float(sims.mean()), float(sims.std()) or 1e-6
 
     def facts(self) -> list[NoteFacts]:
@@ -195,6 +197,10 @@ class SearchIndex:
         for chunk_id, (_, text, meta) in self.manifest.chunks_by_id(missing).items():
             self._node_cache[chunk_id] = TextNode(id_=chunk_id, text=text, metadata=meta)
         return [NodeWithScore(node=self._node_cache[c], score=score) for c, score in scored if c in self._node_cache]
+
+
+def _unit(rows: np.ndarray) -> np.ndarray:
+    return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
 
 
 @dataclass(frozen=True, slots=True)
@@ -628,7 +634,8 @@ def search(
     fused = fusion.retrieve(text)
     results = collapse(index, fused, k, config.chunks_per_note, text)
     rated = time.perf_counter()
-    evidence = note_evidence(index, fusion, fused, [r["note_id"] for r in results])
+    pool = len(allowed) if allowed is not None else len(index.keyword().ids)
+    evidence = note_evidence(index, fusion, [r["note_id"] for r in results], pool)
     for result in results:
         result["relevance"] = round(max((relevance.probability(key, features)
                                          for key, features in evidence[result["note_id"]]), default=0.0), 4)
@@ -677,62 +684,71 @@ def collapse(index: SearchIndex, fused: list[NodeWithScore], k: int, per_note: i
     return results
 
 
-def note_evidence(index: SearchIndex, fusion: NoteFusionRetriever, fused: list[NodeWithScore],
-                  note_ids: list[str]) -> dict[str, list[tuple[str, dict[str, float]]]]:
-    """Per note, for the question and each variant: the relevance model's key (the channels that ran) and the
-    evidence it reads (rag_app.relevance). Lexical features come from BM25's postings, dense ones from the channel's
-    own list (a note below its list scores at the list's floor) against the query's background."""
+def note_evidence(index: SearchIndex, fusion: NoteFusionRetriever, note_ids: list[str],
+                  pool: int) -> dict[str, list[tuple[str, dict[str, float]]]]:
+    """Per note, for the question and each variant: the relevance model's key (the channels that gave evidence) and
+    the evidence it reads (rag_app.relevance), from the note's chunks among every channel's candidates. Lexical
+    features come from BM25's postings, dense ones from the channel's own list (a note below its list scores at the
+    list's floor) against the query's background.
+
+    `pool` is how many chunks the search could return (the home, or what its filters allow). Below MIN_POOL a hit
+    cannot stand out of a list or a background (three notes give three scores), so only the lexical evidence is
+    read: a note with the query's words is still found to answer it; a match by meaning alone stays a lead."""
     chunks_of: dict[str, list[str]] = {n: [] for n in note_ids}
     meta_of: dict[str, dict[str, Any]] = {}
-    for hit in fused:
-        note = str(hit.node.metadata.get("note_id"))
-        if note in chunks_of:
-            chunks_of[note].append(hit.node.node_id)
-            meta_of.setdefault(note, hit.node.metadata)
+    note_by_chunk: dict[str, str] = {}
+    for hits in fusion.results.values():
+        for hit in hits:
+            note = str(hit.node.metadata.get("note_id"))
+            note_by_chunk[hit.node.node_id] = note
+            if note in chunks_of and hit.node.node_id not in chunks_of[note]:
+                chunks_of[note].append(hit.node.node_id)
+                meta_of.setdefault(note, hit.node.metadata)
     models = dict(zip(("vector", "vector2"), index.settings.models, strict=False))
     title_tokens = {n: set(tokenize(f"{m.get('title') or ''} {' '.join(decode_list(m.get('tags')))}"))
                     for n, m in meta_of.items()}
-    note_by_chunk = {h.node.node_id: str(h.node.metadata.get("note_id")) for hits in fusion.results.values()
-                     for h in hits}
+    small = pool < MIN_POOL
     out: dict[str, list[tuple[str, dict[str, float]]]] = {n: [] for n in note_ids}
     for query in fusion.queries_run:
         lists = fusion._lists(query, fusion.results)
         features: dict[str, dict[str, float]] = {n: {} for n in note_ids}
-        parts: list[str] = []
+        ran: list[str] = []
         for name, hits in lists.items():
-            if (query, name) in fusion.skipped_runs or (name != "bm25" and not hits):
+            if (query, name) in fusion.skipped_runs or (name != "bm25" and (not hits or small)):
                 continue
             if name == "bm25":
-                parts.append("bm25")
-                _lexical_features(fusion, query, chunks_of, title_tokens, features)
-            else:
-                parts.append(relevance.dense_family(models[name]))
-                _dense_features(index, query, models[name], hits, chunks_of, features, relevance.dense_family(
-                    models[name]))
-        if not parts:
+                _lexical_features(fusion, query, chunks_of, title_tokens, features, small)
+                ran.append(name)
+            elif _dense_features(index, query, models[name], hits, chunks_of, features, pool):
+                ran.append(name)
+        if not ran:
             continue
-        tops = [{note_by_chunk.get(c) for c, _ in hits[:3]} for name, hits in lists.items()
-                if (query, name) not in fusion.skipped_runs and (name == "bm25" or hits)]
+        tops = [{note_by_chunk.get(c) for c, _ in lists[name][:3]} for name in ran]
+        key = relevance.channel_key("bm25" if name == "bm25" else relevance.dense_family(models[name]) for name in ran)
         for note in note_ids:
             features[note][relevance.AGREE] = sum(note in top for top in tops) / len(tops)
-            out[note].append((relevance.channel_key(parts), features[note]))
+            out[note].append((key, features[note]))
     return out
 
 
 def _lexical_features(fusion: NoteFusionRetriever, query: str, chunks_of: dict[str, list[str]],
-                      title_tokens: dict[str, set[str]], features: dict[str, dict[str, float]]) -> None:
+                      title_tokens: dict[str, set[str]], features: dict[str, dict[str, float]], small: bool) -> None:
     """Per note: the share of the query's IDF mass its best chunk holds, the share its title and tags hold, how
-    much of the query the notes know at all, and how far its BM25 score stands out of BM25's list."""
+    much of the query the notes know at all, and how far its BM25 score stands out of BM25's list. In a `small`
+    pool a word no note has says nothing (a handful of notes lacks most words): shares are of the known words."""
     terms, contains = fusion._evidence(query)
     if terms is None:
         return
     weights = terms.weights()
+    unknown = np.asarray([i is None for i in terms.idfs], dtype=bool)
+    if small:
+        weights = np.where(unknown, 0.0, weights)
     total = float(weights.sum())
-    known = float(weights[[i is not None for i in terms.idfs]].sum()) / total if total > 0 else 0.0
+    known = float(weights[~unknown].sum()) / total if total > 0 else 0.0
     every = [c for chunks in chunks_of.values() for c in chunks]
     matrix = contains(every) if every else np.zeros((0, len(weights)), dtype=bool)
     row = {chunk_id: i for i, chunk_id in enumerate(every)}
-    gaps = _list_gaps(fusion._lists(query, fusion.results)["bm25"], chunks_of)
+    gaps = _list_gaps([] if small else fusion._lists(query, fusion.results)["bm25"], chunks_of)
     for note, chunks in chunks_of.items():
         held = matrix[[row[c] for c in chunks]] if chunks else np.zeros((1, len(weights)), dtype=bool)
         titled = sum(w for t, w in zip(terms.tokens, weights, strict=True) if t in title_tokens.get(note, ()))
@@ -753,22 +769,24 @@ def _list_gaps(hits: list[tuple[str, float]], chunks_of: dict[str, list[str]]) -
 
 
 def _dense_features(index: SearchIndex, query: str, model: str, hits: list[tuple[str, float]],
-                    chunks_of: dict[str, list[str]], features: dict[str, dict[str, float]], family: str) -> None:
-    """z-score of the note's best similarity over the query's background, less the expected best of N draws
-    (sqrt(2 ln N)): an unrelated query's best hit in a larger corpus stands further out by chance alone; and how
-    far it stands out of the channel's own list."""
+                    chunks_of: dict[str, list[str]], features: dict[str, dict[str, float]], pool: int) -> bool:
+    """z-score of the note's best similarity over the query's background, less the expected best of `pool` draws
+    (sqrt(2 ln N)): an unrelated query's best hit among more chunks stands further out by chance alone; and how far
+    it stands out of the channel's own list. False (nothing set) when the model has no background yet."""
     background = index.similarity_background(query, model)
     if background is None:
-        return
+        return False
     mean, std = background
+    family = relevance.dense_family(model)
     scores = dict(hits)
     floor = hits[-1][1]
-    chance = float(np.sqrt(2 * np.log(max(index.collection_size(model), 2))))
+    chance = float(np.sqrt(2 * np.log(max(min(pool, index.collection_size(model)), 2))))
     gaps = _list_gaps(hits, chunks_of)
     for note, chunks in chunks_of.items():
         best = max((scores[c] for c in chunks if c in scores), default=floor)
         features[note][family] = (best - mean) / std - chance
         features[note][f"{family}_gap"] = gaps[note]
+    return True
 
 
 def _result(note_id: str, hits: list[NodeWithScore], terms: list[str]) -> dict[str, Any]:

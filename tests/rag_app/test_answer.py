@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -145,6 +146,12 @@ def test_an_llm_failure_falls_back_to_passages_and_says_why(sample_brain, monkey
     assert response.mode == "extractive" and response.coverage["llm_error"]
     assert response.answer.startswith(f"Extractive answer: LLM unavailable ({response.coverage['llm_error']}); "
                                       "showing passages.")
+    found = sample_brain.search("我想看哪些电影？", 3)
+    assert [c["note_id"] for c in response.citations] == [r["note_id"] for r in found.results], (
+        "the fallback's passages are every result's: numbered over all of them, not the LLM's shorter list")
+    titles = {c["n"]: c["title"] for c in response.citations}
+    headed = re.findall(r"^\*\*(.+?)\*\*.*\[(\d+)\]$", response.answer, re.MULTILINE)
+    assert headed and all(titles[int(n)] == title for title, n in headed)
 
 
 def test_an_empty_home_says_how_to_add_notes(home):

@@ -84,3 +84,22 @@ def test_relevance_with_variants_is_the_best_across_them(sample_brain) -> None:
     helped = sample_brain.search("xylophonegiraffe", k=5, variants=["我想看的电影清单"], expand=False)
     assert alone.not_found and not helped.not_found
     assert helped.results[0]["title"] == "电影清单" and helped.results[0]["relevance"] >= RELATED
+
+
+def test_in_a_handful_of_notes_the_words_decide(home, make_vault) -> None:
+    """Three notes give three scores: nothing can stand out of a list or a background, so only the words count (a
+    word no note has says nothing there)."""
+    from rag_app.engine import Brain
+    from tests.rag_app.test_sessions import CONVERSATION_VAULT
+
+    brain = Brain(home)
+    assert not brain.sync(vaults=(str(make_vault(CONVERSATION_VAULT)),)).failed
+    asked = brain.search("番茄炒蛋怎么做", k=3, expand=False)
+    assert asked.results[0]["title"] == "番茄炒蛋" and asked.results[0]["strength"] == "strong"
+    assert not asked.not_found
+    assert brain.search("量子色动力学格点规范", k=3, expand=False).not_found
+
+
+def test_a_filter_that_leaves_a_few_notes_still_finds_the_one_named(sample_brain) -> None:
+    response = sample_brain.search("电影清单", k=3, tags=("电影",), expand=False)
+    assert [r["title"] for r in response.results] == ["电影清单"] and response.results[0]["strength"] == "strong"
