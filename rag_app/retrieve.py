@@ -12,6 +12,7 @@ import asyncio
 import datetime as dt
 import hashlib
 import json
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -35,7 +36,9 @@ from rag_app.time_phrases import extract_time_range
 from readers.records import decode_list
 
 EXCERPT_CHARS = 300
+log = logging.getLogger("cflow_brain.retrieve")
 BACKGROUND_SAMPLE = 512  # chunks whose similarity to a query is its background (fixed per index generation)
+BACKGROUND_SLICES = 8  # read as this many evenly spaced runs of the collection
 MIN_POOL = 30  # chunks a search must be able to return before a hit's standing out means anything (note_evidence)
 GATED_SKIP = 0.01
 CONFIDENCE_CAP = 2.0
@@ -129,17 +132,20 @@ class SearchIndex:
         similarities to it are its background, against which a hit's similarity means the same in every query."""
         key = (model, self.stamp)
         if key not in self._backgrounds:
-            collection, ids = self.collection(model), self.manifest.stored_chunk_ids()
-            sample = None
-            if collection is not None and len(ids) > 1:
-                ordered = sorted(ids)
-                rows = np.random.default_rng(0).choice(len(ordered), size=min(BACKGROUND_SAMPLE, len(ordered)),
-                                                       replace=False)
-                got = collection.get(ids=[ordered[i] for i in sorted(rows)], include=["embeddings"])
-                if len(got["ids"]) > 1:
-                    sample = _unit(np.asarray(got["embeddings"], dtype=np.float32))
+            collection, size = self.collection(model), self.collection_size(model)
+            rows: list[Any] = []
+            if collection is not None and size > 1:
+                # evenly spaced slices of the collection's own order: no id lookups, which another process's sync
+                # can race ("Error finding id"); a failed read is tried again at the next search
+                step = BACKGROUND_SAMPLE // BACKGROUND_SLICES
+                try:
+                    for offset in sorted({i * size // BACKGROUND_SLICES for i in range(BACKGROUND_SLICES)}):
+                        rows.extend(collection.get(offset=offset, limit=step, include=["embeddings"])["embeddings"])
+                except Exception:  # noqa: BLE001 - Chroma raises its own internal errors: relevance does without
+                    log.warning("background sample of %s unreadable for now", model, exc_info=True)
+                    return None
             self._backgrounds = {k: v for k, v in self._backgrounds.items() if k[1] == key[1]}
-            self._backgrounds[key] = sample
+            self._backgrounds[key] = _unit(np.asarray(rows, dtype=np.float32)) if len(rows) > 1 else None
         return self._backgrounds[key]
 
     def similarity_background(self, text: str, model: str) -> tuple[float, float] | None:
