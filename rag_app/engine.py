@@ -378,7 +378,7 @@ class Brain:
             coverage["llm"] = "off"
         usable = answers.answerable(found.results)
         if llm is not None and usable and llm_error is None:
-            citations = answers.citations_from(usable)  # the LLM sees only passages that may answer: [n] are theirs
+            sent = answers.citations_from(usable)  # the LLM sees only passages that may answer: [n] are theirs
             with self._lock:
                 manifest = self.searcher().manifest
                 full = {r["note_id"]: (manifest.note_doc(r["note_id"]) or ("",))[0]
@@ -390,14 +390,13 @@ class Brain:
             except Exception as exc:  # the LLM is optional: fall back, say why, never fail the question
                 llm_error = error_reason(exc, config.api_key)
             else:
-                cited = answers.cited_numbers(text, len(citations))
+                cited = answers.cited_numbers(text, len(sent))
                 coverage.update(cited=cited, llm="used")
                 return self._remember(session, question, answers.AnswerResponse(
-                    text, citations, coverage, "llm", len(context), cited))
+                    text, sent, coverage, "llm", len(context), cited))
         if llm_error is not None:
             coverage.update(llm="unavailable", llm_error=llm_error)
             notice = f"LLM unavailable ({llm_error}); showing passages"
-            citations = answers.citations_from(found.results)  # the passages below are every result's, numbered so
         coverage.setdefault("llm", "unused")  # configured, but nothing was found to answer from
         mode = "extractive"
         if coverage.get("empty_index"):
