@@ -49,6 +49,8 @@ FOREIGN_PER_SET = 100
 NONSENSE = 40
 TOP_FIT = 5
 UNSEEN = ("minilm",)  # measured, never fitted on: how the model does with an embedding model it has not seen
+VARIANTS = "+variants"  # a configuration with the Skill's agent variants (bench/agent_variants/): measured, not fitted
+AGENT_VARIANTS = Path(__file__).parent / "agent_variants"
 MAIN_CONFIGS = ("default", "fast", "e5-only", "bm25")  # what the cut-points are chosen on (vector-only is a debug mode)
 L2 = 1.0
 
@@ -74,18 +76,34 @@ def nonsense(n: int, seed: int) -> list[str]:
     return out
 
 
-def question_set(shared: Path, name: str, limit: int) -> list[dict]:
-    """[{qid, text, answerable, origin, qrels}]: this set's queries, then the unanswerable ones."""
+def agent_variants(name: str) -> dict[str, list[str]]:
+    """The variants an agent following the Skill wrote for a set's questions ({} when none were written)."""
+    path = AGENT_VARIANTS / f"{name}.jsonl"
+    if not path.exists():
+        return {}
+    return {row["id"]: row["variants"] for row in map(json.loads, path.open(encoding="utf-8"))}
+
+
+def question_set(shared: Path, name: str, limit: int, with_variants: bool = False) -> list[dict]:
+    """[{qid, text, answerable, origin, qrels, variants}]: this set's queries, then the unanswerable ones. With
+    variants: only questions an agent wrote variants for (own and foreign sets; any set with a variants file is
+    foreign to this one), each with its variants; nonsense strings keep none."""
     own = load_set(shared, name)
-    rows = [{"qid": q, "text": t, "answerable": True, "origin": name, "qrels": own.qrels[q]}
-            for q, t in list(own.queries.items())[:limit]]
-    for other in FOREIGN[name]:
+    own_variants = agent_variants(name) if with_variants else {}
+    rows = [{"qid": q, "text": t, "answerable": True, "origin": name, "qrels": own.qrels[q],
+             "variants": own_variants.get(q, [])}
+            for q, t in list(own.queries.items())[:limit] if not with_variants or q in own_variants]
+    others = (sorted(p.stem for p in AGENT_VARIANTS.glob("*.jsonl") if p.stem != name) if with_variants
+              else FOREIGN[name])
+    for other in others:
         foreign = load_set(shared, other)
-        picked = random.Random(other).sample(sorted(foreign.queries), min(FOREIGN_PER_SET, len(foreign.queries)))
+        written = agent_variants(other) if with_variants else {}
+        pool = sorted(written if with_variants else foreign.queries)
+        picked = random.Random(other).sample(pool, min(FOREIGN_PER_SET, len(pool)))
         rows += [{"qid": f"{other}:{q}", "text": foreign.queries[q], "answerable": False, "origin": other,
-                  "qrels": {}} for q in picked]
-    rows += [{"qid": f"nonsense:{i}", "text": t, "answerable": False, "origin": "nonsense", "qrels": {}}
-             for i, t in enumerate(nonsense(NONSENSE, seed=len(name)))]
+                  "qrels": {}, "variants": written.get(q, [])} for q in picked]
+    rows += [{"qid": f"nonsense:{i}", "text": t, "answerable": False, "origin": "nonsense", "qrels": {},
+              "variants": []} for i, t in enumerate(nonsense(NONSENSE, seed=len(name)))]
     return rows
 
 
@@ -124,12 +142,13 @@ def collect(shared: Path, name: str, config: str, limit: int) -> list[dict]:
     from rag_app.retrieve import SearchIndex, search
 
     eval_set = materialise(shared, load_set(shared, name), OUT)
-    home = ready_home(OUT, eval_set, home_model(eval_set.home_name, config))
-    settings, mode = configuration(load_settings(home), config)
+    base = config.removesuffix(VARIANTS)
+    home = ready_home(OUT, eval_set, home_model(eval_set.home_name, base))
+    settings, mode = configuration(load_settings(home), base)
     index = SearchIndex(settings)
     rows = []
-    for n, question in enumerate(question_set(shared, name, limit)):
-        response = search(index, question["text"], k=10, mode=mode)
+    for n, question in enumerate(question_set(shared, name, limit, with_variants=config.endswith(VARIANTS))):
+        response = search(index, question["text"], k=10, mode=mode, variants=question["variants"][:11] or None)
         rows.append({**question, "relevance_ms": response.timing["relevance_ms"], "ours_ms": response.timing["ours_ms"],
                      "results": [{"doc": eval_set.path_to_doc.get(r["path"], r["path"]), "score": r["score"],
                                   "evidence": response.evidence[r["note_id"]]} for r in response.results]})
@@ -162,12 +181,14 @@ def training_rows(runs: dict[tuple[str, str], list[dict]], keep) -> dict[str, li
     weighs 1 (the unseen model's runs are left out)."""
     by_key: dict[str, list[tuple[dict, int, float]]] = {}
     for (_, config), questions in runs.items():
-        if config in UNSEEN:
+        if config in UNSEEN or config.endswith(VARIANTS):
             continue
         picked = [q for q in questions if keep(q)]
         rows = [(r, q) for q in picked for r in q["results"][:TOP_FIT]]
         for r, q in rows:
             for key, features in r["evidence"]:
+                if not key:  # a run no channel gave evidence in
+                    continue
                 kept = {f: v for f, v in features.items() if f in relevance.FEATURES}
                 by_key.setdefault(key, []).append((kept, int(r["doc"] in q["qrels"]), 1.0 / len(rows)))
     return by_key
@@ -189,8 +210,8 @@ def fit(runs: dict[tuple[str, str], list[dict]], keep=lambda q: True) -> dict[st
 
 
 def score(question: dict, models: dict[str, dict[str, float]]) -> list[float]:
-    """Each result's relevance under `models` (the best over the query runs, as the product computes it)."""
-    return [max((relevance.probability(k, f, models) for k, f in r["evidence"]), default=0.0)
+    """Each result's relevance under `models`, combined over the query runs as the product does."""
+    return [relevance.combined([relevance.probability(k, f, models) for k, f in r["evidence"]])
             for r in question["results"]]
 
 

@@ -643,8 +643,8 @@ def search(
     pool = len(allowed) if allowed is not None else len(index.keyword().ids)
     evidence = note_evidence(index, fusion, [r["note_id"] for r in results], pool)
     for result in results:
-        result["relevance"] = round(max((relevance.probability(key, features)
-                                         for key, features in evidence[result["note_id"]]), default=0.0), 4)
+        result["relevance"] = round(relevance.combined([relevance.probability(key, features)
+                                                        for key, features in evidence[result["note_id"]]]), 4)
         result["strength"] = relevance.strength(result["relevance"])
     rate_ms = (time.perf_counter() - rated) * 1000
     total_ms = (time.perf_counter() - started) * 1000
@@ -692,10 +692,10 @@ def collapse(index: SearchIndex, fused: list[NodeWithScore], k: int, per_note: i
 
 def note_evidence(index: SearchIndex, fusion: NoteFusionRetriever, note_ids: list[str],
                   pool: int) -> dict[str, list[tuple[str, dict[str, float]]]]:
-    """Per note, for the question and each variant: the relevance model's key (the channels that gave evidence) and
-    the evidence it reads (rag_app.relevance), from the note's chunks among every channel's candidates. Lexical
-    features come from BM25's postings, dense ones from the channel's own list (a note below its list scores at the
-    list's floor) against the query's background.
+    """Per note, for the question and then each variant: the relevance model's key (the channels that gave evidence;
+    "" when none did) and the evidence it reads (rag_app.relevance), from the note's chunks among every channel's
+    candidates. Lexical features come from BM25's postings, dense ones from the channel's own list (a note below its
+    list scores at the list's floor) against the query's background.
 
     `pool` is how many chunks the search could return (the home, or what its filters allow). Below MIN_POOL a hit
     cannot stand out of a list or a background (three notes give three scores), so only the lexical evidence is
@@ -727,7 +727,9 @@ def note_evidence(index: SearchIndex, fusion: NoteFusionRetriever, note_ids: lis
                 ran.append(name)
             elif _dense_features(index, query, models[name], hits, chunks_of, features, pool):
                 ran.append(name)
-        if not ran:
+        if not ran:  # kept in its place: the question's evidence comes first (relevance.combined)
+            for note in note_ids:
+                out[note].append(("", {}))
             continue
         tops = [{note_by_chunk.get(c) for c, _ in lists[name][:3]} for name in ran]
         key = relevance.channel_key("bm25" if name == "bm25" else relevance.dense_family(models[name]) for name in ran)

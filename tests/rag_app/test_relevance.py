@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rag_app import relevance
-from rag_app.relevance import RELATED, STRONG, channel_key, not_found, probability, strength
+from rag_app.relevance import RELATED, STRONG, channel_key, combined, not_found, probability, strength
 
 NOT_IN_THE_SAMPLE_VAULT = ["潜水艇驾驶执照", "xylophonegiraffe", "量子色动力学格点规范",
                            "how to file a tax return in Germany", "qwpzkvmd"]
@@ -79,11 +79,19 @@ def test_a_match_by_meaning_alone_comes_first_and_the_notes_own_words_make_it_an
     assert helped.results[0]["strength"] == "strong" and helped.results[0]["relevance"] >= bare.results[0]["relevance"]
 
 
-def test_relevance_with_variants_is_the_best_across_them(sample_brain) -> None:
+def test_with_variants_the_question_counts_alone_and_variants_count_when_two_agree() -> None:
+    assert combined([]) == 0.0 and combined([0.4]) == 0.4
+    assert combined([0.6, 0.0, 0.1]) == 0.6  # the question's own evidence stands alone
+    assert combined([0.0, 0.9, 0.0, 0.05]) == 0.05  # one variant among many matched: chance, not an answer
+    assert combined([0.0, 0.9, 0.7, 0.0]) == 0.7  # two variants agree
+
+
+def test_one_variant_alone_cannot_make_an_unrelated_question_an_answer(sample_brain) -> None:
     alone = sample_brain.search("xylophonegiraffe", k=5, expand=False)
-    helped = sample_brain.search("xylophonegiraffe", k=5, variants=["我想看的电影清单"], expand=False)
-    assert alone.not_found and not helped.not_found
-    assert helped.results[0]["title"] == "电影清单" and helped.results[0]["relevance"] >= RELATED
+    one = sample_brain.search("xylophonegiraffe", k=5, variants=["我想看的电影清单"], expand=False)
+    two = sample_brain.search("xylophonegiraffe", k=5, variants=["我想看的电影清单", "电影清单 想看"], expand=False)
+    assert alone.not_found and one.not_found
+    assert not two.not_found and two.results[0]["title"] == "电影清单" and two.results[0]["relevance"] >= RELATED
 
 
 def test_in_a_handful_of_notes_the_words_decide(home, make_vault) -> None:
