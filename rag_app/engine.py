@@ -28,6 +28,7 @@ from rag_app.graph import LinkGraph
 from rag_app.manifest import Manifest
 from rag_app.query import SearchError, SearchFilters
 from rag_app.sessions import HISTORY_TURNS, SessionError, SessionNotFound, SessionStore
+from rag_app.sessions import validate_name as validate_session_name
 from rag_app.store import StoreError
 from rag_app.sync import (
     Progress,
@@ -44,8 +45,11 @@ from rag_app.watch import BackgroundWatch, Watcher, watch_in_background
 from readers.records import decode_list
 
 if TYPE_CHECKING:
+    from llama_index.core.chat_engine import CondensePlusContextChatEngine
+    from llama_index.core.query_engine import RetrieverQueryEngine
+
     from rag_app.answer import AnswerResponse
-    from rag_app.retrieve import SearchIndex, SearchResponse
+    from rag_app.retrieve import NoteFusionRetriever, SearchIndex, SearchResponse
 
 __all__ = ["BackgroundWatch", "Brain", "CaptureError", "ConfigError", "NoteNotFound", "Progress", "SearchError",
            "SessionError", "SessionNotFound", "SourceError", "SourceReport", "StopRequested", "StoreError",
@@ -208,7 +212,7 @@ class Brain:
 
             if self._search_index is not None:
                 self._search_index.close()
-            self._search_index = SearchIndex(self._searchable_settings(models))
+            self._search_index = SearchIndex(self._searchable_settings(models), dense=bool(models))
             self._search_models = models
         return self._search_index
 
@@ -264,7 +268,68 @@ class Brain:
         audience: str = "user",
     ) -> SearchResponse:
         """Hybrid search over every note; see rag_app.retrieve for what each result holds."""
-        from rag_app.retrieve import search
+        retriever = self._retriever(k, mode, sources, tags, path_prefix, since, until, variants, expand, audience)
+        freshness = self.refresh_if_stale() if self.auto_refresh else None
+        response = retriever.search(query)
+        filling = [m for m in self.settings.models if m not in self._search_models]
+        if filling:
+            response.coverage["filling_vectors"] = filling  # searched without them: BM25 covers every note
+        previous = [m for m in self._search_models if m not in self.settings.models]
+        if previous and response.coverage["mode"] != "bm25":
+            response.coverage["searched_with"] = previous  # the models being replaced, complete until the new ones are
+        if freshness:
+            response.coverage["freshness"] = freshness
+        return response
+
+    def as_retriever(
+        self,
+        k: int = 8,
+        *,
+        mode: str = "hybrid",
+        sources: tuple[str, ...] = (),
+        tags: tuple[str, ...] = (),
+        path_prefix: str = "",
+        since: str | dt.date | None = None,
+        until: str | dt.date | None = None,
+        expand: bool = True,
+        audience: str = "user",
+    ) -> NoteFusionRetriever:
+        """The same search as a LlamaIndex retriever (a QueryFusionRetriever): one NodeWithScore per note, node id =
+        note id, metadata = the search result (title, path or url, relevance, strength, matched passages).
+        `retrieve`/`aretrieve` give exactly what `search` gives for the same arguments."""
+        return self._retriever(k, mode, sources, tags, path_prefix, since, until, None, expand, audience)
+
+    def as_query_engine(self, k: int = 6, **search: Any) -> RetrieverQueryEngine:
+        """A LlamaIndex RetrieverQueryEngine over `as_retriever(k, **search)`. With an LLM ([llm] or LLM_BASE_URL and
+        LLM_MODEL) it answers from the notes that may answer, cited as [n] (`source_nodes[n - 1]`); without one, or
+        with half a configuration, it answers with the notes' best passages as `ask` does (rag_app.llama_engines)."""
+        from rag_app.llama_engines import query_engine
+
+        return query_engine(self.as_retriever(k, **search), self.llm())
+
+    def as_chat_engine(self, session: str | None = None, k: int = 6, **search: Any) -> CondensePlusContextChatEngine:
+        """A LlamaIndex CondensePlusContextChatEngine over `as_retriever(k, **search)` whose memory is the brain
+        session `session` (a new one by default): its turns are stored there, as `brain ask --session` stores them,
+        and an existing session's turns are its history. It needs an LLM: without one, ConfigError says what to set
+        (a conversation without an LLM is `ask(question, session=...)`)."""
+        from rag_app.llama_engines import chat_engine
+        from rag_app.llm import llm_config, missing_message
+
+        llm = self.llm()
+        if llm is None:
+            missing = llm_config(self.settings.llm).missing
+            raise ConfigError(
+                (missing_message(missing) if missing else "no LLM configured: a chat engine needs one; set base_url "
+                 f"and model under [llm] in {self.settings.home / 'config.toml'} (or LLM_BASE_URL and LLM_MODEL)")
+                + "; without an LLM, Brain.ask(question, session=...) holds a conversation with passages")
+        name = validate_session_name(session) if session is not None else self.new_session_name()
+        return chat_engine(self.as_retriever(k, **search), llm, self._sessions, name,
+                           self.settings.llm["budget_chars"] // 4)
+
+    def _retriever(self, k: int, mode: str, sources: tuple[str, ...], tags: tuple[str, ...], path_prefix: str,
+                   since: str | dt.date | None, until: str | dt.date | None, variants: list[str] | None,
+                   expand: bool, audience: str) -> NoteFusionRetriever:
+        from rag_app.retrieve import NoteFusionRetriever
 
         if sources:
             known = {s.name for s in self.known_sources()} | {"vault", "memos"}
@@ -275,21 +340,8 @@ class Brain:
         filters = SearchFilters(tuple(sources), tuple(tags), path_prefix, _date(since, "since"), _date(until, "until"),
                                 exclude_private=hide_private)
         llm = self.llm() if expand and not variants else None
-        freshness = self.refresh_if_stale() if self.auto_refresh else None
-        with self._lock:
-            index = self.searcher()
-            if mode == "hybrid" and not self._search_models:
-                mode = "bm25"  # no dense model has reached every note yet: BM25 alone, which covers them all
-            response = search(index, query, k, filters, mode=mode, variants=variants, llm=llm)
-        filling = [m for m in self.settings.models if m not in self._search_models]
-        if filling:
-            response.coverage["filling_vectors"] = filling  # searched without them: BM25 covers every note
-        previous = [m for m in self._search_models if m not in self.settings.models]
-        if previous and mode != "bm25":
-            response.coverage["searched_with"] = previous  # the models being replaced, complete until the new ones are
-        if freshness:
-            response.coverage["freshness"] = freshness
-        return response
+        return NoteFusionRetriever(self.searcher, k, mode=mode, filters=filters, llm=llm, variants=variants,
+                                   lock=self._lock)
 
     def refresh_if_stale(self) -> dict[str, Any] | None:
         """For long-running shells (page, MCP) without a watcher: when a source's last sync is older than

@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -56,8 +57,9 @@ QUERY_VECTOR_CACHE = 512  # query embeddings kept (an agent's variants, a repeat
 class SearchIndex:
     """What a search reads, opened once per process and reused (warm searches pay no start-up)."""
 
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, dense: bool = True):
         self.settings = settings
+        self.dense = dense  # False: no dense model has reached every note yet, so hybrid search is BM25 alone
         self.config = RetrievalConfig.from_settings(settings)
         self.manifest = Manifest(settings.manifest_path)
         self._keyword: KeywordIndex | None = None
@@ -463,41 +465,65 @@ def keep_lead(fused: dict[str, float], top: str, terms: QueryTerms | None, conta
 
 
 class NoteFusionRetriever(QueryFusionRetriever):
-    """Reciprocal-rank fusion keyed on chunk ids, with configurable constant and channel weights (`fuse_query`).
+    """The engine's hybrid search as a LlamaIndex retriever: `retrieve(query)` yields one `NodeWithScore` per note,
+    best first (at most `similarity_top_k` = k), and `search(query)` the full `SearchResponse` (coverage, timing) it
+    is built from. `Brain.as_retriever()` returns one; `Brain.search()` runs through one.
 
-    `fusion="adaptive"` scales each channel's contribution per query by its confidence: how far its best score
-    stands above the rest of its list, and for BM25 how much of the query its best chunk covers (IDF-weighted), so a
-    keyword list built on one common word does not outvote a confident vector match. The second dense channel
-    (USE-m3: weak on plain lookups, strong on paraphrase and cross-language) gets a say that grows as BM25 coverage
-    falls: words that match lexically are left to BM25 and e5; meaning-only queries lean on USE as well.
+    Each node is a note: its id is the note id, its text the note's best matched passages (up to three chunks, joined
+    by "\n…\n"), its score the fused score (it orders the list; it means nothing across queries), and its metadata
+    the search result: note_id, title, source, kind, path (vault) or url and memo_id (memos), `relevance` (0–1,
+    calibrated: the probability that the note answers) and `strength` (strong, related, weak), `excerpt`, `chunks`
+    (the matched passages: chunk_id, heading, score, text), tags, created, updated, duplicates. Only title, path or
+    url, tags and dates are shown to an LLM (`excluded_llm_metadata_keys`).
 
-    What it keeps of QueryFusionRetriever: the shape of a retrieval (the question plus LLM-written variants, each
-    run through every channel, then fused and cut to `similarity_top_k`), the variant prompt and the retriever list.
-    What it replaces, and why: `_get_queries` (the user's own variants; a tolerant parser; no LLM, no variants),
-    `_run_sync_queries` (the gate that skips the second dense channel when it could not matter),
-    `_reciprocal_rerank_fusion` (keyed on chunk ids, not text, so identical text in two notes keeps both citations;
-    per-query adaptive weights in `fuse_query`), and `_aretrieve` (the same synchronous path on a worker thread: the
-    parent's async path would skip the gate and call the LLM synchronously inside the event loop). `names[i]` is the
-    channel of `_retrievers[i]`.
+    Per search it picks its channels (BM25, the main dense model, the second one; `mode` narrows them), applies the
+    filters (and a time phrase in the query: "上个月的读书笔记"), fuses chunks, collapses them to notes, and rates
+    each note's relevance.
+
+    What it keeps of QueryFusionRetriever: the shape of a retrieval (the question plus query variants, each run
+    through every channel, then fused), and query generation with the LLM through the parent's own prompt path:
+    `query_gen_prompt` (see `get_prompts()`; `update_prompts({"query_gen_prompt": ...})` replaces it) is formatted
+    and sent by the parent's `_get_queries`, `num_queries` (`[retrieval] num_queries`, with an LLM) sets how many.
+    What it replaces, and why: `_get_queries` wraps the parent's to take a caller's own variants instead of asking the
+    LLM, strip numbering ("1、", "(2)") from the lines the LLM wrote, and go on without variants when the LLM fails;
+    `_run_sync_queries` skips the second dense channel when it could not matter (the gate); the fusion
+    (`_reciprocal_rerank_fusion`) is keyed on chunk ids, not text, so identical text in two notes keeps both
+    citations, with per-query adaptive weights (`fuse_query`); `_aretrieve` runs the same synchronous path on a worker
+    thread (the parent's async path would skip the gate). The parent's `retriever_weights` are not taken: channel
+    weights come from `[retrieval]` (bm25_weight, vector_weight, second_weight) and are adapted per query.
+
+    `index` is a SearchIndex, or a callable returning the current one (the Brain's, which changes as models complete).
+    One search at a time per retriever (`lock`, the Brain's when it made it): the state of the last search
+    (`queries_run`, `channel_hits`, ...) is read from the object afterwards.
     """
 
-    def __init__(self, retrievers: list[BaseRetriever], names: list[str], config: RetrievalConfig,
-                 llm: Any = None, variants: list[str] | None = None):
-        self.names = names
-        self.config = config
-        self.variants = [v for v in (variants or []) if v.strip()]
-        num_queries = 1 + len(self.variants) if self.variants else (config.num_queries if llm is not None else 1)
+    def __init__(self, index: SearchIndex | Callable[[], SearchIndex], k: int = 8, *, mode: str = "hybrid",
+                 filters: SearchFilters | None = None, llm: Any = None, variants: list[str] | None = None,
+                 today: dt.date | None = None, lock: threading.RLock | None = None):
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 100:
+            raise SearchError(f"k must be between 1 and 100, got {k}")
+        if mode not in MODES:
+            raise SearchError(f"mode must be hybrid, bm25 or vector, got {mode!r}")
+        self._index_of = index if callable(index) else (lambda: index)
+        self.filters = filters or SearchFilters()
+        self.search_mode = mode
+        self.variants = [clean_query(v) for v in variants or []]
+        self.today = today
+        self._search_lock = lock or threading.RLock()
+        self.last: SearchResponse | None = None  # the last search's full response (coverage, timing)
+        self.has_llm = llm is not None
+        # the channels are chosen per search (mode, filters, which models are complete), hence none here, and no
+        # retriever_weights: the parent would only normalise them, and its relative-score fusion is not used
+        super().__init__([], llm=llm or MockLLM(), query_gen_prompt=QUERY_GEN_PROMPT,
+                         mode=FUSION_MODES.RECIPROCAL_RANK, similarity_top_k=k, num_queries=1, use_async=False,
+                         retriever_weights=[])
+        self._start([], [], RetrievalConfig())
+
+    def _start(self, channels: list[BaseRetriever], names: list[str], config: RetrievalConfig) -> None:
+        """A fusion's state, fresh for each search."""
+        self._retrievers, self.names, self.config = channels, names, config
         self.gated = gated_channel(config)
-        super().__init__(
-            retrievers,
-            llm=llm or MockLLM(),
-            mode=FUSION_MODES.RECIPROCAL_RANK,
-            similarity_top_k=config.candidates,
-            num_queries=num_queries,
-            use_async=False,
-            retriever_weights=[base_weight(n, config) for n in names],
-            query_gen_prompt=QUERY_GEN_PROMPT,
-        )
+        self.num_queries = 1 + len(self.variants) if self.variants else (config.num_queries if self.has_llm else 1)
         self.queries_run: list[str] = []
         self.results: dict[tuple[str, int], list[NodeWithScore]] = {}
         self.skipped_runs: set[tuple[str, str]] = set()
@@ -505,8 +531,84 @@ class NoteFusionRetriever(QueryFusionRetriever):
         self.channel_weights: dict[str, list[float]] = {n: [] for n in names}
         self.channel_skipped: dict[str, int] = {n: 0 for n in names}
 
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        return [note_node(result) for result in self.search(query_bundle.query_str).results]
+
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         return await asyncio.to_thread(self._retrieve, query_bundle)
+
+    def search(self, query: str) -> SearchResponse:
+        """Top-k notes for a query, each with its best chunks, an excerpt, where it came from and its relevance."""
+        with self._search_lock:
+            self.last = self._search(self._index_of(), clean_query(query))
+            return self.last
+
+    def _search(self, index: SearchIndex, query: str) -> SearchResponse:
+        started = time.perf_counter()
+        index.timing = _Timing()
+        mode = "bm25" if self.search_mode == "hybrid" and not index.dense else self.search_mode
+        filters = self.filters
+        text, time_range = extract_time_range(query, self.today)
+        ignored_phrase = None
+        unfiltered = filters
+        if time_range and not (filters.since or filters.until):
+            filters = SearchFilters(filters.sources, filters.tags, filters.path_prefix, time_range.since,
+                                    time_range.until, filters.exclude_private)
+        else:
+            text, time_range = query, None
+        allowed = index.allowed(filters)
+        if time_range and not allowed:
+            # "1998年谁夺冠" names a year without asking for notes written then: no note is dated in that range, so the
+            # phrase stays part of the question instead of filtering everything away.
+            ignored_phrase, text, time_range, filters = time_range.phrase, query, None, unfiltered
+            allowed = index.allowed(filters)
+        config = index.config
+        channels: list[tuple[str, BaseRetriever]] = []
+        if mode in ("hybrid", "bm25"):
+            channels.append(("bm25", KeywordRetriever(index, config.candidates, allowed)))
+        if mode in ("hybrid", "vector"):
+            channels.append(("vector", VectorRetriever(index, config.candidates, allowed)))
+        models = index.settings.models
+        if mode in ("hybrid", "vector2") and len(models) > 1 and index.collection(models[1]) is not None:
+            channels.append(("vector2", VectorRetriever(index, config.candidates, allowed, models[1])))
+        fused = self.fuse(text, channels, config)
+        k = self.similarity_top_k
+        results = collapse(index, fused, k, config.chunks_per_note, text)
+        rated = time.perf_counter()
+        pool = len(allowed) if allowed is not None else len(index.keyword().ids)
+        evidence = note_evidence(index, self, [r["note_id"] for r in results], pool)
+        for result in results:
+            result["relevance"] = round(relevance.combined([relevance.probability(key, features)
+                                                            for key, features in evidence[result["note_id"]]]), 4)
+            result["strength"] = relevance.strength(result["relevance"])
+        rate_ms = (time.perf_counter() - rated) * 1000
+        total_ms = (time.perf_counter() - started) * 1000
+        coverage = {
+            "mode": mode,
+            "channels": {name: {"hits": self.channel_hits[name], "weights": self.channel_weights[name],
+                                "skipped": self.channel_skipped[name]} for name, _ in channels},
+            "queries": self.queries_run or [text],
+            "expanded": len(self.queries_run) > 1,
+            "filters": filters.to_dict(),
+            "time_phrase": time_range.to_dict() if time_range else None,
+            "time_phrase_ignored": ignored_phrase,
+            "notes_considered": len({n.node.metadata.get("note_id") for n in fused}),
+        }
+        return SearchResponse(query, results, coverage,
+                              {"total_ms": total_ms, "embed_ms": index.timing.embed_ms,
+                               "ours_ms": total_ms - index.timing.embed_ms, "relevance_ms": rate_ms},
+                              relevance.not_found(results), evidence)
+
+    def fuse(self, text: str, channels: list[tuple[str, BaseRetriever]],
+             config: RetrievalConfig) -> list[NodeWithScore]:
+        """Chunks fused over the channels, best first (up to `config.candidates`): QueryFusionRetriever's retrieval
+        (the question, then its variants; each through every channel; fused), with this class's hooks."""
+        with self._search_lock:
+            self._start([r for _, r in channels], [n for n, _ in channels], config)
+            queries = [QueryBundle(text)]
+            if self.num_queries > 1:
+                queries.extend(self._get_queries(text))
+            return self._reciprocal_rerank_fusion(self._run_sync_queries(queries))[: config.candidates]
 
     def _run_sync_queries(self, queries: list[QueryBundle]) -> dict[tuple[str, int], list[NodeWithScore]]:
         """As QueryFusionRetriever's, except that the gated channel (run last) is not run when, even at its highest
@@ -537,14 +639,17 @@ class NoteFusionRetriever(QueryFusionRetriever):
         return keyword.query_terms(query), lambda chunk_ids: keyword.contains(query, chunk_ids)
 
     def _get_queries(self, original_query: str) -> list[QueryBundle]:
+        """The caller's variants, else the parent's: `query_gen_prompt` sent to the LLM, one variant per line (with
+        any numbering stripped); no variants when the LLM fails (it is optional here: search still answers)."""
         if self.variants:
             return [QueryBundle(v) for v in self.variants]
-        prompt = self.query_gen_prompt.format(num_queries=self.num_queries - 1, query=original_query)
         try:
-            reply = self._llm.complete(prompt).text
-        except Exception:  # the LLM is optional here: no variants, search still answers
+            written = super()._get_queries(original_query)
+        except Exception:  # noqa: BLE001 - unreachable, refused, malformed: the question alone is searched
+            log.info("query variants unavailable", exc_info=True)
             return []
-        return [QueryBundle(v) for v in parse_variants(reply, self.num_queries - 1) if v != original_query]
+        lines = "\n".join(q.query_str for q in written)
+        return [QueryBundle(v) for v in parse_variants(lines, self.num_queries - 1) if v != original_query]
 
     def _reciprocal_rerank_fusion(self, results: dict[tuple[str, int], list[NodeWithScore]]) -> list[NodeWithScore]:
         self.results = results
@@ -569,12 +674,23 @@ class NoteFusionRetriever(QueryFusionRetriever):
         return [NodeWithScore(node=nodes[c].node, score=fused[c]) for c in ranked]
 
 
+MODES = ("hybrid", "bm25", "vector", "vector2")
 QUERY_GEN_PROMPT = (
     "You help search a person's notes, written in Chinese and English. Write {num_queries} alternative search "
     "queries for the question below: rephrase it, use synonyms, and include at least one in the other language "
     "(Chinese ↔ English). One query per line, no numbering, no commentary.\n"
     "Question: {query}\nQueries:\n"
 )
+LLM_METADATA = ("title", "path", "url", "tags", "created", "updated")  # what an LLM sees of a note besides its text
+
+
+def note_node(result: dict[str, Any]) -> NodeWithScore:
+    """A search result as a LlamaIndex node: the note id, its matched passages as text, the result as metadata."""
+    text = "\n…\n".join(chunk["text"] for chunk in result["chunks"])
+    hidden = [key for key in result if key not in LLM_METADATA]
+    node = TextNode(id_=result["note_id"], text=text, metadata=dict(result), excluded_llm_metadata_keys=hidden,
+                    excluded_embed_metadata_keys=list(result))
+    return NodeWithScore(node=node, score=result["score"])
 
 
 @dataclass
@@ -603,66 +719,9 @@ def search(
     llm: Any = None,
     today: dt.date | None = None,
 ) -> SearchResponse:
-    """Top-k notes for a query, each with its best chunks, an excerpt and where it came from."""
-    started = time.perf_counter()
-    index.timing = _Timing()
-    query = clean_query(query)
-    if not 1 <= k <= 100:
-        raise SearchError(f"k must be between 1 and 100, got {k}")
-    if mode not in ("hybrid", "bm25", "vector", "vector2"):
-        raise SearchError(f"mode must be hybrid, bm25 or vector, got {mode!r}")
-    filters = filters or SearchFilters()
-    text, time_range = extract_time_range(query, today)
-    ignored_phrase = None
-    unfiltered = filters
-    if time_range and not (filters.since or filters.until):
-        filters = SearchFilters(filters.sources, filters.tags, filters.path_prefix, time_range.since, time_range.until,
-                                filters.exclude_private)
-    else:
-        text, time_range = query, None
-    allowed = index.allowed(filters)
-    if time_range and not allowed:
-        # "1998年谁夺冠" names a year without asking for notes written then: no note is dated in that range, so the
-        # phrase stays part of the question instead of filtering everything away.
-        ignored_phrase, text, time_range, filters = time_range.phrase, query, None, unfiltered
-        allowed = index.allowed(filters)
-    config = index.config
-    channels: list[tuple[str, BaseRetriever]] = []
-    if mode in ("hybrid", "bm25"):
-        channels.append(("bm25", KeywordRetriever(index, config.candidates, allowed)))
-    if mode in ("hybrid", "vector"):
-        channels.append(("vector", VectorRetriever(index, config.candidates, allowed)))
-    models = index.settings.models
-    if mode in ("hybrid", "vector2") and len(models) > 1 and index.collection(models[1]) is not None:
-        channels.append(("vector2", VectorRetriever(index, config.candidates, allowed, models[1])))
-    fusion = NoteFusionRetriever([r for _, r in channels], [n for n, _ in channels], config, llm=llm,
-                                 variants=[clean_query(v) for v in variants or []])
-    fused = fusion.retrieve(text)
-    results = collapse(index, fused, k, config.chunks_per_note, text)
-    rated = time.perf_counter()
-    pool = len(allowed) if allowed is not None else len(index.keyword().ids)
-    evidence = note_evidence(index, fusion, [r["note_id"] for r in results], pool)
-    for result in results:
-        result["relevance"] = round(relevance.combined([relevance.probability(key, features)
-                                                        for key, features in evidence[result["note_id"]]]), 4)
-        result["strength"] = relevance.strength(result["relevance"])
-    rate_ms = (time.perf_counter() - rated) * 1000
-    total_ms = (time.perf_counter() - started) * 1000
-    coverage = {
-        "mode": mode,
-        "channels": {name: {"hits": fusion.channel_hits[name], "weights": fusion.channel_weights[name],
-                            "skipped": fusion.channel_skipped[name]} for name, _ in channels},
-        "queries": fusion.queries_run or [text],
-        "expanded": len(fusion.queries_run) > 1,
-        "filters": filters.to_dict(),
-        "time_phrase": time_range.to_dict() if time_range else None,
-        "time_phrase_ignored": ignored_phrase,
-        "notes_considered": len({n.node.metadata.get("note_id") for n in fused}),
-    }
-    return SearchResponse(query, results, coverage,
-                          {"total_ms": total_ms, "embed_ms": index.timing.embed_ms,
-                           "ours_ms": total_ms - index.timing.embed_ms, "relevance_ms": rate_ms},
-                          relevance.not_found(results), evidence)
+    """Top-k notes for a query over an open index (see NoteFusionRetriever.search)."""
+    return NoteFusionRetriever(index, k, mode=mode, filters=filters, llm=llm, variants=variants,
+                               today=today).search(query)
 
 
 def collapse(index: SearchIndex, fused: list[NodeWithScore], k: int, per_note: int, query: str) -> list[dict[str, Any]]:

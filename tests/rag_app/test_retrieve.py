@@ -118,8 +118,8 @@ def test_lexical_match_lifts_the_only_note_with_every_query_word(home, make_vaul
         config = RetrievalConfig(lexical_weight=lexical_weight)
         keyword = KeywordRetriever(index, 50, None)
         dense = FixedRetriever(index, [chunk["repeat.md"], chunk["answer.md"], chunk["other.md"]])
-        fusion = NoteFusionRetriever([keyword, dense], ["bm25", "vector"], config)
-        return [n.node.node_id for n in fusion.retrieve(query)]
+        fusion = NoteFusionRetriever(index)
+        return [n.node.node_id for n in fusion.fuse(query, [("bm25", keyword), ("vector", dense)], config)]
 
     assert KeywordRetriever(index, 50, None).retrieve(query)[0].node.node_id != chunk["answer.md"]
     assert fused(0.0)[0] != chunk["answer.md"]
@@ -361,20 +361,11 @@ def test_the_async_path_runs_the_same_gated_fusion(sample_brain):
     """LlamaIndex callers may `aretrieve`: it must apply the same gate and fusion as `retrieve`, not the parent's."""
     import asyncio
 
-    from rag_app.retrieve import KeywordRetriever, NoteFusionRetriever, VectorRetriever
-
-    index = sample_brain.searcher()
-    models = index.settings.models
-
-    def fusion() -> NoteFusionRetriever:
-        channels = [("bm25", KeywordRetriever(index, 50, None)), ("vector", VectorRetriever(index, 50, None)),
-                    ("vector2", VectorRetriever(index, 50, None, models[1]))]
-        return NoteFusionRetriever([r for _, r in channels], [n for n, _ in channels], index.config)
-
-    sync_run, async_run = fusion(), fusion()
-    expected = [(n.node.node_id, round(n.score, 9)) for n in sync_run.retrieve("ERR_CONN_RESET_4471")]
-    got = [(n.node.node_id, round(n.score, 9)) for n in asyncio.run(async_run.aretrieve("ERR_CONN_RESET_4471"))]
-    assert got == expected and async_run.channel_skipped["vector2"] == sync_run.channel_skipped["vector2"] == 1
+    retriever = sample_brain.as_retriever(5)
+    expected = [(n.node.node_id, n.score) for n in retriever.retrieve("ERR_CONN_RESET_4471")]
+    assert retriever.last.coverage["channels"]["vector2"]["skipped"] == 1
+    got = [(n.node.node_id, n.score) for n in asyncio.run(retriever.aretrieve("ERR_CONN_RESET_4471"))]
+    assert got == expected and retriever.last.coverage["channels"]["vector2"]["skipped"] == 1
 
 
 def test_a_chunks_share_is_the_idf_weighted_part_of_the_query_it_contains():
