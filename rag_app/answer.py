@@ -93,13 +93,19 @@ def build_context(results: list[dict[str, Any]], full_texts: dict[str, str], bud
         remaining = budget - used
         if remaining <= 200:
             break
-        title, where = _attribute(result["title"])[:300], _attribute(result.get("url") or result.get("path") or "")
-        head = f'<source id="{n}" title="{title}" where="{where[:500]}">\n'
-        body = _fence(body)[: max(0, remaining - 150 - len(head))]
-        block = f"{head}{body}\n</source>"
+        block = fenced_source(n, result, body, remaining - 150)
         parts.append(block)
         used += len(block)
     return "\n\n".join(parts)
+
+
+def fenced_source(n: int, result: dict[str, Any], body: str, limit: int | None = None) -> str:
+    """One numbered source as an LLM sees it: its title and where it lives as attributes, then its text (cut so that
+    header and text fit `limit` characters), anything that looks like a fence neutralised."""
+    title, where = _attribute(result["title"])[:300], _attribute(result.get("url") or result.get("path") or "")
+    head = f'<source id="{n}" title="{title}" where="{where[:500]}">\n'
+    body = _fence(body) if limit is None else _fence(body)[: max(0, limit - len(head))]
+    return f"{head}{body}\n</source>"
 
 
 def answerable(results: list[dict[str, Any]]) -> list[dict[str, Any]]:

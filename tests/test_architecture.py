@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import REPO
 
 ENGINE_INTERNALS = {"chunking", "store", "keyword", "keyword_store", "manifest", "pipeline", "sync", "embeddings",
-                    "retrieve", "watch"}
+                    "retrieve", "watch", "llama_engines"}
 SHELLS = ["rag_app/cli.py", "rag_app/page.py", "app.py",
           *(str(p.relative_to(REPO)) for p in (REPO / "tools").glob("*.py"))]
 

@@ -388,3 +388,85 @@ def test_a_chunks_share_is_the_idf_weighted_part_of_the_query_it_contains():
     # a word no chunk has keeps even the best chunk below 1: the notes only half cover the query
     assert "火星" in tokenize("电影清单 火星") and index.idf("火星") is None
     assert share("电影清单 火星", ["full"])["full"] < 1.0
+
+
+FILM_LIST = "vault:sample_vault/生活/电影清单.md"
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"mode": "bm25"}, {"mode": "vector"}, {"tags": ("rust",)},
+                                    {"since": "2024-01-01", "until": "2024-12-31"}], ids=str)
+def test_as_retriever_yields_the_search_results_one_node_per_note(sample_brain, kwargs):
+    """The retriever is the search: the same notes in the same order with the same scores, each a node whose id is
+    the note id and whose metadata is the result; its text is the note's matched passages."""
+    from llama_index.core.retrievers import QueryFusionRetriever
+    from llama_index.core.schema import MetadataMode
+
+    retriever = sample_brain.as_retriever(5, **kwargs)
+    assert isinstance(retriever, QueryFusionRetriever)
+    for query in ("我想看哪些电影？", "Rust ownership and borrowing", "上个月的读书笔记"):
+        results = sample_brain.search(query, 5, **kwargs).results
+        nodes = retriever.retrieve(query)
+        assert [(n.node.node_id, n.score) for n in nodes] == [(r["note_id"], r["score"]) for r in results]
+        for node, result in zip(nodes, results, strict=True):
+            assert node.node.metadata == result
+            assert node.node.get_content() == "\n…\n".join(c["text"] for c in result["chunks"])
+    shown = sample_brain.as_retriever(5).retrieve("我想看哪些电影？")[0].node.get_content(MetadataMode.LLM)
+    assert "title: 电影清单" in shown and "path: 生活/电影清单.md" in shown
+    assert "relevance" not in shown and "chunk_id" not in shown
+
+
+def test_llamaindex_retriever_evaluator_scores_the_retriever_with_no_glue(sample_brain):
+    """RetrieverEvaluator reads node ids: expected ids are note ids, nothing maps chunks to notes."""
+    import asyncio
+
+    from llama_index.core.evaluation import RetrieverEvaluator
+
+    evaluator = RetrieverEvaluator.from_metric_names(["hit_rate", "mrr"], retriever=sample_brain.as_retriever(5))
+    cases = {"观影": FILM_LIST, "ERR_CONN_RESET_4471": "vault:sample_vault/work/incident-2024-03-payment-timeout.md",
+             "Rust 所有权 借用": "vault:sample_vault/tech/rust-ownership.md"}
+    for query, expected in cases.items():
+        ranked = [r["note_id"] for r in sample_brain.search(query, 5).results]
+        got = evaluator.evaluate(query=query, expected_ids=[expected])
+        assert got.retrieved_ids == ranked
+        assert got.metric_vals_dict == {"hit_rate": 1.0, "mrr": 1.0 / (ranked.index(expected) + 1)}
+    missed = evaluator.evaluate(query="观影", expected_ids=["vault:sample_vault/tech/rust-ownership.md"])
+    assert missed.metric_vals_dict == {"hit_rate": 0.0, "mrr": 0.0}
+
+    async def every_case() -> list:
+        return await asyncio.gather(*(evaluator.aevaluate(query=q, expected_ids=[e]) for q, e in cases.items()))
+
+    assert [r.metric_vals_dict["hit_rate"] for r in asyncio.run(every_case())] == [1.0, 1.0, 1.0]
+
+
+def test_query_variants_are_written_through_the_parents_prompt_path(sample_brain, monkeypatch):
+    """QueryFusionRetriever's own prompt machinery: `get_prompts` shows the variant prompt, `update_prompts` replaces
+    it, and the parent's `_get_queries` sends it; the lines the LLM writes are searched with their numbering cut."""
+    from llama_index.core.prompts import PromptTemplate
+
+    (sample_brain.home / "config.toml").write_text("[retrieval]\nnum_queries = 3\n", encoding="utf-8")
+    try:
+        with OpenAIDouble(["1. 电影清单\n2. films to watch"]) as llm:
+            monkeypatch.setenv("LLM_BASE_URL", llm.url)
+            monkeypatch.setenv("LLM_MODEL", "qwen2.5")
+            retriever = Brain(sample_brain.home).as_retriever(3)
+            assert "alternative search queries" in retriever.get_prompts()["query_gen_prompt"].get_template()
+            retriever.update_prompts({"query_gen_prompt": PromptTemplate("Give {num_queries} variants of: {query}")})
+            nodes = retriever.retrieve("观影")
+    finally:
+        (sample_brain.home / "config.toml").unlink()
+    assert llm.prompts() == ["Give 2 variants of: 观影"]
+    assert retriever.last.coverage["queries"] == ["观影", "电影清单", "films to watch"]
+    assert nodes[0].node.node_id == FILM_LIST
+
+
+def test_the_retriever_takes_no_channel_weights(sample_brain):
+    """Channel weights come from [retrieval] and adapt per query; the parent's `retriever_weights` are refused, not
+    silently ignored."""
+    from rag_app.retrieve import NoteFusionRetriever
+
+    with pytest.raises(TypeError):
+        NoteFusionRetriever(sample_brain.searcher(), 5, retriever_weights=[0.5, 0.5])  # type: ignore[call-arg]
+    with pytest.raises(SearchError, match="k must be between 1 and 100"):
+        sample_brain.as_retriever(0)
+    with pytest.raises(SearchError, match="mode must be"):
+        sample_brain.as_retriever(5, mode="semantic")
