@@ -43,7 +43,8 @@ def test_explore_notebook(notebook_env):
 def test_compare_modes_notebook(notebook_env, monkeypatch):
     monkeypatch.setenv("BRAIN_NOTEBOOK_QUERIES", "20")
     text = outputs(run("02_compare_retrieval_modes.ipynb"))
-    assert "'bm25':" in text and "'hybrid':" in text and "modes.png" in text
+    assert "'bm25':" in text and "'hybrid':" in text and "'ndcg':" in text and "modes.png" in text
+    assert " → vault:" in text  # RetrieverEvaluator scored note ids, straight from the retriever
 
 
 def test_agent_notebook_drives_the_tools_through_an_llm(notebook_env, monkeypatch):
@@ -55,6 +56,7 @@ def test_agent_notebook_drives_the_tools_through_an_llm(notebook_env, monkeypatc
         text = outputs(run("03_agent_with_tools.ipynb"))
     assert "search_notes" in text and "电影清单" in text
     assert "你想看《花样年华》" in text
+    assert "ask_notes: Answer a question from the user's notes" in text and "sources: ['电影清单'" in text
     tool_messages = [m for r in llm.requests for m in r["body"]["messages"] if m.get("role") == "tool"]
     assert tool_messages and "电影清单" in str(tool_messages[0]["content"])
 
@@ -74,6 +76,7 @@ def test_conversation_notebook_condenses_the_follow_up_both_ways(notebook_env, m
         text = outputs(run("04_conversation.ipynb"))
     assert f"Q: {follow_up}\nA: 《一一》是杨德昌导演的。\n   sources: ['电影清单'" in text
     assert f"Q: {follow_up}  (searched: {standalone})\n   mode llm, first source: 电影清单" in text
+    assert "stored in session '" in text and f": searched {standalone!r}, sources ['电影清单'" in text
     condensed = [r for r in llm.requests if "Standalone question:" in r["body"]["messages"][-1]["content"]]
     assert len(condensed) == 2 and all(f"user: {first}" in r["body"]["messages"][-1]["content"] for r in condensed)
     chat_engine_turn = next(r["body"]["messages"] for r in llm.requests if r["body"]["messages"][-1]["content"] ==
