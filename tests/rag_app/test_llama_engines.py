@@ -110,3 +110,23 @@ def test_a_chat_engine_without_an_llm_names_the_setting(sample_brain, monkeypatc
     monkeypatch.setenv("LLM_BASE_URL", "http://127.0.0.1:9/v1")
     with pytest.raises(ConfigError, match="LLM_BASE_URL is set but LLM_MODEL"):
         Brain(sample_brain.home).as_chat_engine()
+
+
+def test_a_session_memory_set_replaces_the_turns_and_reset_deletes_the_session(home, tmp_path):
+    """What CondensePlusContextChatEngine does with an explicit `chat_history` (set) and on `reset()`."""
+    from llama_index.core.llms import ChatMessage, MessageRole
+
+    from rag_app.llama_engines import SessionMemory
+    from rag_app.sessions import SessionStore
+
+    store = SessionStore(tmp_path / "sessions.sqlite")
+    store.append("s", {"question": "old", "answer": "old answer", "citations": [], "coverage": {}, "mode": "llm"})
+    memory = SessionMemory(store, "s", Brain(home).as_retriever(4), history_chars=3000)
+    user, assistant = MessageRole.USER, MessageRole.ASSISTANT
+    memory.set([ChatMessage(role=user, content="q1"), ChatMessage(role=assistant, content="a1 [1]"),
+                ChatMessage(role=user, content="q2"), ChatMessage(role=assistant, content="a2")])
+    assert [t["question"] for t in store.turns("s")] == ["q1", "q2"]
+    assert [(m.role, m.content) for m in memory.get()] == [(user, "q1"), (assistant, "a1"), (user, "q2"),
+                                                           (assistant, "a2")]
+    memory.reset()
+    assert not store.exists("s") and memory.get() == []
