@@ -26,7 +26,7 @@ from rag_app.chunking import chunker_id
 from rag_app.config import FAST_EMBEDDING, ConfigError, Settings, SourceSpec
 from rag_app.keyword import TOKENIZER_VERSION, chunk_index_text, tokenize
 from rag_app.keyword_store import keyword_progress, refresh_keyword_index
-from rag_app.manifest import Manifest, Plan, make_plan
+from rag_app.manifest import Manifest, ManifestEntry, Plan, make_plan
 from readers.records import NoteRecord, SourceListing, decode_list, encode_list
 
 log = logging.getLogger("cflow_brain.sync")
@@ -140,7 +140,11 @@ class SyncLock:
 
 def read_source(spec: SourceSpec, token: str | None = None, known: Mapping[str, str] | None = None) -> SourceListing:
     """A complete listing of one source, or an exception: never a partial listing. `token`: see `memos_token`;
-    `known`: vault files that need no parsing if their bytes still match (see `_known_files`)."""
+    `known`: what the index holds of this source (see `_known`), so only new and changed notes come as records.
+
+    This is the pass `VaultReader.lazy_load_data` and `MemosReader.lazy_load_data` make, and the records become the
+    same Documents (`NoteRecord.to_document`), but without importing LlamaIndex, which alone takes 1.5-4 s: a sync that
+    finds nothing changed must finish within a second."""
     if spec.kind == "vault":
         from readers.vault_scanner import VaultScanner
 
@@ -155,6 +159,7 @@ def read_source(spec: SourceSpec, token: str | None = None, known: Mapping[str, 
             include_archived=spec.include_archived,
             include_comments=spec.include_comments,
             client=client,
+            known=known,
         )
 
 
@@ -707,7 +712,8 @@ def _sync_one(spec: SourceSpec, manifest: Manifest, applier: _Applier, allow_del
     manifest.put_source(spec.name, spec.kind, spec.to_dict())
     try:
         token, token_warning = memos_token(spec, manifest) if spec.kind == "memos" else (None, None)
-        listing = read_source(spec, token, known=_known_files(spec, manifest, applier))
+        entries = manifest.entries(spec.name)
+        listing = read_source(spec, token, known=_known(spec, manifest, entries, applier.chunker_id))
     except Exception as exc:  # any failure of the source: keep everything it had
         result.failed = True
         result.error = _one_line(exc, spec.token_env)
@@ -724,7 +730,6 @@ def _sync_one(spec: SourceSpec, manifest: Manifest, applier: _Applier, allow_del
     result.skipped = listing.skipped
     for warning in listing.warnings:
         log.warning("%s: %s", spec.name, warning)
-    entries = manifest.entries(spec.name)
     plan = make_plan(entries, listing.records, listing.kept_ids, applier.chunker_id,
                      unchanged_ids=listing.unchanged_ids)
     held = None if allow_deletes else _mass_delete(spec.name, len(entries), plan)
@@ -766,11 +771,18 @@ def _mass_delete(name: str, indexed: int, plan: Plan) -> str | None:
             f"brain sync --allow-deletes {name} (or brain source remove {name})")
 
 
-def _known_files(spec: SourceSpec, manifest: Manifest, applier: _Applier) -> dict[str, str]:
-    """Vault files whose bytes, if they still match, need no parsing (see `Manifest.trusted_signatures`)."""
-    if spec.kind != "vault":
-        return {}
-    return manifest.trusted_signatures(spec.name, applier.chunker_id)
+def _known(spec: SourceSpec, manifest: Manifest, entries: Mapping[str, ManifestEntry], chunker: str) -> dict[str, str]:
+    """What the index holds of this source for its reader: note id → vault file signature or memo content hash.
+
+    A note is trusted (its fingerprint given) only when its entry is current: chunked with this chunker, its text kept
+    (see `Manifest.trusted_signatures`). Any other note maps to "", so the reader reads and lists it again."""
+    if spec.kind == "vault":
+        trusted = manifest.trusted_signatures(spec.name, chunker)
+    else:
+        without_docs = manifest.notes_without_docs(spec.name)
+        trusted = {note_id: entry.hash for note_id, entry in entries.items()
+                   if entry.chunker == chunker and note_id not in without_docs}
+    return {note_id: trusted.get(note_id, "") for note_id in entries}
 
 
 def _remember_files(spec: SourceSpec, manifest: Manifest, listing: SourceListing) -> None:

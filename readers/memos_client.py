@@ -645,8 +645,14 @@ def fetch_memos(
     include_archived: bool = False,
     include_comments: bool = True,
     client: MemosClient | None = None,
+    known: Mapping[str, str] | None = None,
 ) -> SourceListing:
-    """List every memo completely or raise: a partial listing must never look like deletions."""
+    """List every memo completely or raise: a partial listing must never look like deletions.
+
+    `known` maps the note ids the index holds to their content hash ("" for a note to be read again): a memo whose
+    record has that hash is listed in `unchanged_ids`, not as a record, and known memos the server no longer lists
+    (nor keeps, as over a limit) are listed in `gone_ids`. The server is always read whole: Memos has no change feed
+    that reports deletions."""
     own_client = client is None
     client = client or MemosClient(base_url, token)
     client.begin_listing()
@@ -689,10 +695,24 @@ def fetch_memos(
             listing.warnings.append(f"no token set ({TOKEN_ENV_VARS[0]}): only PUBLIC memos are visible")
         _check_downgrade(client.has_token, user, listing)
         listing.warnings = [redact_secrets(warning, client._secrets) for warning in listing.warnings]
+        if known:
+            _leave_out_unchanged(listing, known)
+        listing.settle(known or {})
         return listing
     finally:
         if own_client:
             client.close()
+
+
+def _leave_out_unchanged(listing: SourceListing, known: Mapping[str, str]) -> None:
+    """Records whose content hash the index already has become `unchanged_ids`."""
+    changed = []
+    for record in listing.records:
+        if known.get(record.id) == record.content_hash and record.id not in listing.unchanged_ids:
+            listing.unchanged_ids.add(record.id)
+        elif record.id not in listing.unchanged_ids:
+            changed.append(record)
+    listing.records = changed
 
 
 def _content_bytes(memo: dict[str, Any], limit: int) -> int:

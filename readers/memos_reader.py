@@ -2,29 +2,91 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from typing import Any
+
 from llama_index.core.readers.base import BaseReader
 from llama_index.core.schema import Document
 
-from readers.memos_client import fetch_memos, token_from_env
+from readers.memos_client import MemosClient, fetch_memos, token_from_env
+from readers.records import SourceListing
 
 
 class MemosReader(BaseReader):
-    """Reads every memo the token can see as one Document (`id_ = "memos:<uid or id>"`), with its web URL.
+    """Reads the memos a token can see on a Memos (or CFlow) server as Documents, one per memo: all, or what changed.
 
-    Archived memos are left out unless `include_archived`; the listing is complete or the call raises `MemosError`.
+    Speaks every API generation (v0.14 to current). Each Document has `id_ = "memos:<source>/<uid>"` (`<uid>` is the
+    memo's uid, or its numeric id on servers before v0.22), the memo's markdown as text, and this metadata (lists are
+    JSON strings): `kind` ("memos"), `source`, `title` (the property title, else the first `# heading`, else the
+    first line), `memo_id`, `url` (the memo's page, for citations), `tags`, `links` (note ids of referenced memos),
+    `visibility` (PUBLIC, PROTECTED or PRIVATE), `pinned`, `archived`, `creator`, `attachments` (file names),
+    `parent` (the note id of the memo a comment belongs to, when it is one), `created`/`created_ts`,
+    `updated`/`updated_ts`.
+
+    Args:
+        base_url: the server, e.g. "https://memos.example.com".
+        token: an access token; None reads CFLOW_API_TOKEN (or MEMOS_TOKEN) from the environment, "" reads
+            anonymously (PUBLIC memos only). Never logged: errors are redacted.
+        include_archived: also read archived memos.
+        include_comments: also read comments (each as its own Document with a `parent`).
+        source: the name in note ids, which keeps two servers' memo 1 apart.
+        known: what an index already holds, note id → the Document's `hash` ("" when the memo must be read again):
+            a memo with that hash yields no Document (its id goes to `unchanged_ids`); known memos the server no
+            longer lists are in `gone_ids`.
+        **limits: `MemosClient` limits against hostile or broken servers (`max_memos`, `max_memo_bytes`,
+            `max_response_bytes`, `max_listing_bytes`, `request_deadline`, `listing_deadline`, `timeout`,
+            `max_retries`, `page_size`).
+
+    The whole listing is read before anything is yielded; one that cannot be read completely raises `MemosError`
+    (`MemosAuthError` for token problems), never a partial list that would look like deletions. A memo over
+    `max_memo_bytes` is skipped with a warning and listed in `kept_ids`.
+
+    Example:
+        >>> from readers.memos_reader import MemosReader
+        >>> documents = MemosReader("https://memos.example.com", token="memos_pat_...").load_data()
+        >>> reader = MemosReader("https://memos.example.com", known={d.id_: d.hash for d in documents})
+        >>> changed = reader.load_data()
+        >>> reader.gone_ids, reader.warnings
     """
 
     def __init__(self, base_url: str, token: str | None = None, include_archived: bool = False,
-                 include_comments: bool = True, source: str = "memos"):
+                 include_comments: bool = True, source: str = "memos", known: Mapping[str, str] | None = None,
+                 **limits: Any):
         self.base_url = base_url
         self._token = token if token is not None else token_from_env()
         self.include_archived = include_archived
         self.include_comments = include_comments
         self.source = source
-        self.warnings: list[str] = []
+        self.known = dict(known or {})
+        self._limits = limits
+        self.listing = SourceListing(records=[])
+
+    def __repr__(self) -> str:
+        return f"MemosReader({self.base_url!r}, token={'set' if self._token else 'none'}, source={self.source!r})"
+
+    def lazy_load_data(self) -> Iterator[Document]:
+        """New and changed memos (every memo when nothing is `known`), once the whole server has been listed."""
+        with MemosClient(self.base_url, self._token, **self._limits) as client:
+            self.listing = fetch_memos(self.base_url, None, source=self.source, include_archived=self.include_archived,
+                                       include_comments=self.include_comments, client=client, known=self.known)
+        for record in self.listing.records:
+            yield record.to_document()
 
     def load_data(self) -> list[Document]:
-        listing = fetch_memos(self.base_url, self._token, source=self.source,
-                              include_archived=self.include_archived, include_comments=self.include_comments)
-        self.warnings = listing.warnings
-        return [record.to_document() for record in listing.records]
+        return list(self.lazy_load_data())
+
+    @property
+    def warnings(self) -> list[str]:
+        return self.listing.warnings
+
+    @property
+    def gone_ids(self) -> set[str]:
+        return self.listing.gone_ids
+
+    @property
+    def unchanged_ids(self) -> set[str]:
+        return self.listing.unchanged_ids
+
+    @property
+    def kept_ids(self) -> set[str]:
+        return self.listing.kept_ids

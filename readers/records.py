@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 ChromaValue = str | int | float | bool
+VOLATILE_KEYS = frozenset({"mtime", "mtime_ts"})  # metadata a record stores but does not hash (see NoteRecord)
 
 
 @dataclass
@@ -30,22 +32,39 @@ class NoteRecord:
 
     @property
     def content_hash(self) -> str:
-        payload = json.dumps([self.text, self.metadata], sort_keys=True, ensure_ascii=False)
-        return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+        return content_hash_of(self.text, self.metadata)
 
     def to_document(self) -> Any:
-        """A LlamaIndex Document with a deterministic id (imported lazily: llama_index costs ~1.5 s to import)."""
-        from llama_index.core.schema import Document
+        """A LlamaIndex Document with a deterministic id whose `hash` is this `content_hash` (see `NoteDocument`);
+        imported lazily: llama_index costs 1.5-4 s to import."""
+        from readers.note_document import NoteDocument
 
-        return Document(id_=self.id, text=self.text, metadata={**self.volatile, **self.metadata})
+        return NoteDocument(id_=self.id, text=self.text, metadata={**self.volatile, **self.metadata})
+
+    @classmethod
+    def from_document(cls, document: Any) -> NoteRecord:
+        """The record a reader's Document was made from: its `VOLATILE_KEYS` go back to `volatile`."""
+        metadata = dict(document.metadata)
+        volatile = {key: metadata.pop(key) for key in sorted(VOLATILE_KEYS & metadata.keys())}
+        return cls(id=document.id_, text=document.text, metadata=metadata, volatile=volatile)
+
+
+def content_hash_of(text: str, metadata: dict[str, Any]) -> str:
+    """What `NoteRecord.content_hash` and `NoteDocument.hash` compute: text and metadata without `VOLATILE_KEYS`."""
+    hashed = {key: value for key, value in metadata.items() if key not in VOLATILE_KEYS}
+    payload = json.dumps([text, hashed], sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
 @dataclass
 class SourceListing:
     """What a reader saw in one complete pass over a source.
 
+    A pass handed what the index knows (`known`: note id → vault file signature or memo content hash) lists only
+    new and changed notes as records:
     `kept_ids` are notes that exist but could not be read this time: the sync must keep their old index entries.
-    `unchanged_ids` are notes whose source bytes match what was last indexed, listed without a record (not parsed).
+    `unchanged_ids` are known notes that match what was last indexed, listed without a record.
+    `gone_ids` are known notes the source no longer has (neither listed nor kept): their index entries go.
     `signatures` maps a record's id to a signature of the bytes it was parsed from, for the next pass to compare.
     """
 
@@ -55,6 +74,12 @@ class SourceListing:
     skipped: int = 0
     unchanged_ids: set[str] = field(default_factory=set)
     signatures: dict[str, str] = field(default_factory=dict)
+    gone_ids: set[str] = field(default_factory=set)
+
+    def settle(self, known: Mapping[str, str]) -> None:
+        """Compute `gone_ids` once the pass is complete: known ids neither listed, unchanged nor kept."""
+        listed = {record.id for record in self.records} | self.unchanged_ids | self.kept_ids
+        self.gone_ids = set(known) - listed
 
 
 def encode_list(values: list[str]) -> str:

@@ -3,24 +3,83 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping
 
 from llama_index.core.readers.base import BaseReader
 from llama_index.core.schema import Document
 
+from readers.records import SourceListing
 from readers.vault_scanner import DEFAULT_MAX_BYTES, VaultScanner
 
 
 class VaultReader(BaseReader):
-    """Reads every `.md` note of a vault as one Document (`id_ = "vault:<vault name>/<relative path>"`).
+    """Reads the `.md` notes of a vault as Documents, one per note: all of them, or only what changed.
 
-    Problems with single files (bad UTF-8, broken frontmatter, binary, oversize) are collected in `warnings`.
+    Each Document has `id_ = "vault:<vault name>/<path relative to the vault>"`, the note body (frontmatter removed)
+    as text, and this metadata (lists are JSON strings, as Chroma accepts only scalars):
+    `kind` ("vault"), `source` (the vault name), `title` (frontmatter title, else the first `# heading`, else the file
+    name), `path`, `tags` (frontmatter and inline `#tags`), `aliases`, `links` (`[[wikilink]]` targets and frontmatter
+    `links`/`related`), `fm_id` (a frontmatter `id`, when set), `created`/`created_ts` and `updated`/`updated_ts`
+    (frontmatter dates; a date in the file name for `created`), `mtime`/`mtime_ts` (the file's modification time).
+    Documents are `NoteDocument`s: their `hash` leaves the file time out, so a touched file is not embedded again.
+
+    Args:
+        path: the vault folder. Dot-folders (`.obsidian`, `.trash`) and dot-files are skipped; symlinks are followed
+            only inside the vault.
+        name: the vault's name in note ids (default: the folder name), which keeps two vaults' `index.md` apart.
+        max_bytes: files larger than this are not read (listed in `kept_ids`, with a warning).
+        known: what an index already holds, note id → the `file_signature` of the bytes it indexed ("" when the
+            note must be read again). A file whose bytes still match yields no Document (its id goes to
+            `unchanged_ids`); known notes the vault no longer has are listed in `gone_ids`.
+
+    A folder that cannot be listed raises `VaultError` before anything is yielded: a partial listing would look like
+    deletions. Problems with single files (bad UTF-8, broken frontmatter, binary, oversize, unreadable) never raise;
+    they are collected in `warnings`.
+
+    Example:
+        >>> from readers.vault_reader import VaultReader
+        >>> documents = VaultReader("~/Obsidian/Work").load_data()
+        >>> reader = VaultReader("~/Obsidian/Work", known=signatures)   # signatures from an earlier pass
+        >>> changed = list(reader.lazy_load_data())
+        >>> reader.gone_ids, reader.signatures                           # what to delete, what to remember
     """
 
-    def __init__(self, root: str | os.PathLike[str], name: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES):
-        self._scanner = VaultScanner(root, name=name, max_bytes=max_bytes)
-        self.warnings: list[str] = []
+    def __init__(self, path: str | os.PathLike[str], name: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES,
+                 known: Mapping[str, str] | None = None):
+        self._scanner = VaultScanner(path, name=name, max_bytes=max_bytes)
+        self.known = dict(known or {})
+        self.listing = SourceListing(records=[])
+
+    @property
+    def name(self) -> str:
+        return self._scanner.name
+
+    def lazy_load_data(self) -> Iterator[Document]:
+        """New and changed notes (every note when nothing is `known`), once the whole vault has been listed."""
+        self.listing = self._scanner.scan(self.known)
+        for record in self.listing.records:
+            yield record.to_document()
 
     def load_data(self) -> list[Document]:
-        listing = self._scanner.scan()
-        self.warnings = listing.warnings
-        return [record.to_document() for record in listing.records]
+        return list(self.lazy_load_data())
+
+    @property
+    def warnings(self) -> list[str]:
+        return self.listing.warnings
+
+    @property
+    def gone_ids(self) -> set[str]:
+        return self.listing.gone_ids
+
+    @property
+    def unchanged_ids(self) -> set[str]:
+        return self.listing.unchanged_ids
+
+    @property
+    def kept_ids(self) -> set[str]:
+        return self.listing.kept_ids
+
+    @property
+    def signatures(self) -> dict[str, str]:
+        """note id → `file_signature` of each note read this time (notes read with a warning have none)."""
+        return self.listing.signatures

@@ -148,10 +148,11 @@ class VaultScanner:
     def scan(self, known: Mapping[str, str] | None = None) -> SourceListing:
         """One complete pass: a record per readable note; unreadable ones are kept, the rest skipped with a warning.
 
-        `known` maps note ids to the `file_signature` of the bytes last indexed: a note whose bytes still match is
-        listed in `unchanged_ids` without being decoded or parsed (a no-change sync of thousands of notes stays fast).
-        A record depends on nothing but its path (the id), its bytes and the parsing code, which the signature covers;
-        links are resolved against other notes only at search time.
+        `known` maps the note ids the index holds to the `file_signature` of the bytes last indexed ("" for a note
+        that must be parsed again): a note whose bytes still match is listed in `unchanged_ids` without being decoded
+        or parsed (a no-change sync of thousands of notes stays fast), and known notes no longer in the vault are
+        listed in `gone_ids`. A record depends on nothing but its path (the id), its bytes and the parsing code, which
+        the signature covers; links are resolved against other notes only at search time.
         """
         known = known or {}
         listing = SourceListing(records=[])
@@ -198,6 +199,7 @@ class VaultScanner:
             if not warning and not fm_warning:  # a note with a warning is parsed (and warned about) every time
                 listing.signatures[note_id] = signature
             listing.records.append(record)
+        listing.settle(known)
         return listing
 
     def parse(self, rel: str, text: str, mtime: float | None = None) -> tuple[NoteRecord, str]:

@@ -345,6 +345,25 @@ def test_memos_full_then_incremental_sync(home, memos):
     assert chroma_ids(home) == manifest_chunk_ids(home)
 
 
+def test_a_memos_sync_hands_the_reader_what_the_index_knows(home, memos, monkeypatch):
+    """The second pass lists only the edited memo as a record (the rest by id, unchanged; the deleted one as gone):
+    only changes become Documents."""
+    from rag_app import sync as sync_module
+
+    Brain(home).sync(memos=(memos.url,))
+    keys = [m.removeprefix("memos/") for m in (memo["name"] for memo in _listed(memos))]
+    memos.edit_memo(keys[0], "changed words")
+    memos.delete_memo(keys[1])
+    passes = []
+    original = sync_module.read_source
+    monkeypatch.setattr(sync_module, "read_source", lambda *a, **kw: passes.append(original(*a, **kw)) or passes[-1])
+    source = Brain(home).sync(memos=(memos.url,)).sources[0]
+    (listing,) = passes
+    assert [r.text for r in listing.records] == ["changed words"]
+    assert len(listing.gone_ids) == 1 and next(iter(listing.gone_ids)).endswith(keys[1])
+    assert (source.updated, source.deleted, source.unchanged) == (1, 1, len(listing.unchanged_ids))
+
+
 def _listed(double: MemosDouble) -> list[dict]:
     import httpx
 

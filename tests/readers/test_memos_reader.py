@@ -97,3 +97,41 @@ def test_an_incomplete_listing_raises_instead_of_returning_part(memos: Memos) ->
     memos.double.faults["truncate_page"] = 0
     with pytest.raises(MemosError, match="malformed JSON"):
         MemosReader(memos.double.url, token=TOKEN).load_data()
+
+
+def test_a_reader_handed_what_the_index_knows_yields_only_new_and_changed_memos(memos: Memos) -> None:
+    """Known hashes that still match yield nothing; an edited and a new memo do; a deleted one is listed as gone."""
+    first = {d.id_: d.hash for d in MemosReader(memos.double.url, token=TOKEN).load_data()}
+    memos.double.edit_memo(memos.public, "Weekly review, edited #review")
+    memos.double.delete_memo(memos.comment)
+    new = memos.double.add_memo("A new thought")
+    reader = MemosReader(memos.double.url, token=TOKEN, known=first)
+    assert sorted(d.id_ for d in reader.lazy_load_data()) == memos.ids(memos.public, new)
+    assert reader.unchanged_ids == set(memos.ids(memos.private))
+    assert reader.gone_ids == set(memos.ids(memos.comment))
+
+
+def test_a_known_memo_without_a_hash_is_read_again(memos: Memos) -> None:
+    reader = MemosReader(memos.double.url, token=TOKEN, known=dict.fromkeys(memos.ids(memos.private), ""))
+    assert f"memos:memos/{memos.private}" in {d.id_ for d in reader.load_data()}
+    assert reader.unchanged_ids == set()
+
+
+def test_an_oversized_memo_is_kept_not_gone(memos: Memos) -> None:
+    """A memo over max_memo_bytes is not read; a reader that knew it lists it as kept, so its copy stays."""
+    memos.double.edit_memo(memos.public, "long " * 100)
+    known = dict.fromkeys(memos.ids(memos.public), "an older hash")
+    reader = MemosReader(memos.double.url, token=TOKEN, known=known, max_memo_bytes=100)
+    assert f"memos:memos/{memos.public}" not in {d.id_ for d in reader.load_data()}
+    assert (reader.kept_ids, reader.gone_ids) == (set(memos.ids(memos.public)), set())
+    assert any("max_memo_bytes" in warning for warning in reader.warnings)
+
+
+def test_limits_reach_the_client(memos: Memos) -> None:
+    """The client's limits are reader keywords: a listing over max_memos fails whole, naming the limit."""
+    with pytest.raises(MemosError, match="max_memos"):
+        MemosReader(memos.double.url, token=TOKEN, max_memos=1).load_data()
+
+
+def test_the_token_never_shows_in_the_reader(memos: Memos) -> None:
+    assert TOKEN not in repr(MemosReader(memos.double.url, token=TOKEN))
