@@ -265,6 +265,7 @@ class ChunkingSection(_Section):
 
 class StoreSection(_Section):
     url: str = ""  # a Chroma server (http://host:port; env BRAIN_STORE_URL and --store-url win); empty: the home
+    docstore_url: str = ""  # the ingestion docstore in PostgreSQL (postgresql://user:pw@host:port/db); empty: the home
 
 
 class SyncSection(_Section):
@@ -360,6 +361,7 @@ class Settings:
     chunk_max_chars: int = _default(ChunkingSection, "max_chars")
     chunk_overlap: int = _default(ChunkingSection, "overlap")
     store_url: str = _default(StoreSection, "url")
+    docstore_url: str = _default(StoreSection, "docstore_url")
     lock_wait_seconds: float = _default(SyncSection, "lock_wait_seconds")
     stale_seconds: float = _default(SyncSection, "stale_seconds")
     retrieval: dict[str, Any] = field(default_factory=dict)
@@ -484,7 +486,8 @@ def _apply(settings: Settings, data: dict[str, Any], where: Path) -> None:
     settings.remote_embedding = RemoteEmbedding(**embedding.model_dump(include=set(RemoteEmbedding.model_fields)))
     chunking = _typed_section(ChunkingSection, "chunking", data.get("chunking", {}), where)
     settings.chunk_max_chars, settings.chunk_overlap = chunking.max_chars, chunking.overlap
-    settings.store_url = _typed_section(StoreSection, "store", data.get("store", {}), where).url
+    store = _typed_section(StoreSection, "store", data.get("store", {}), where)
+    settings.store_url, settings.docstore_url = store.url, store.docstore_url
     sync = _typed_section(SyncSection, "sync", data.get("sync", {}), where)
     settings.lock_wait_seconds, settings.stale_seconds = sync.lock_wait_seconds, sync.stale_seconds
     settings.retrieval = _retrieval_section(data.get("retrieval", {}), where)
