@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,11 +130,15 @@ class Plan:
 def make_plan(
     entries: dict[str, ManifestEntry], records: list[NoteRecord], kept_ids: set[str], chunker: str,
     unchanged_ids: set[str] | frozenset[str] = frozenset(),
+    stored_hashes: Mapping[str, str] | None = None,
 ) -> Plan:
     """Compare a complete listing of one source against the manifest rows of that source.
 
     `unchanged_ids` are notes the reader verified unchanged without a record (from `Manifest.trusted_signatures`, so
     with this chunker): with no record to chunk, any other state is a caller's error.
+    `stored_hashes`: the ingestion docstore's hash per listed note. When given, a record is unchanged only if the
+    docstore holds it with its hash, besides the manifest having committed that version's chunks (the docstore is
+    written first, so after a crash between the two the note is chunked again).
     """
     plan = Plan()
     seen: set[str] = set(unchanged_ids)
@@ -150,7 +154,8 @@ def make_plan(
         entry = entries.get(record.id)
         if entry is None:
             plan.added.append(record)
-        elif entry.hash != record.content_hash:
+        elif entry.hash != record.content_hash or (
+                stored_hashes is not None and stored_hashes.get(record.id) != record.content_hash):
             plan.changed.append(record)
         elif entry.chunker != chunker:
             plan.changed.append(record)

@@ -52,16 +52,28 @@ def chunk_node(node_id: str, note_id: str, text: str, metadata: dict[str, Any]) 
     return node
 
 
-def chunking_pipeline(max_chars: int, overlap: int) -> IngestionPipeline:
-    """Notes → chunk nodes, no model: the first step of a sync, which makes notes searchable by BM25 at once."""
-    return IngestionPipeline(transformations=[MarkdownChunker(max_chars=max_chars, overlap=overlap)],
-                             disable_cache=True)
+def chunking_pipeline(max_chars: int, overlap: int, docstore: Any = None,
+                      vector_store: Any = None) -> IngestionPipeline:
+    """Notes → chunk nodes, no model: the first step of a sync, which makes notes searchable by BM25 at once.
+
+    With a docstore (`rag_app.docstore`) the pipeline upserts: a Document whose hash the docstore already holds is not
+    chunked again, a changed one replaces its stored version. LlamaIndex applies upserts only with a vector store
+    attached (it deletes a changed document's vectors there); without one it would fall back to dropping any
+    document whose hash it has seen under any id, so identical text in two notes would index only one of them."""
+    from llama_index.core.ingestion import DocstoreStrategy
+
+    chunker = MarkdownChunker(max_chars=max_chars, overlap=overlap)
+    if docstore is None:
+        return IngestionPipeline(transformations=[chunker], disable_cache=True)
+    return IngestionPipeline(transformations=[chunker], docstore=docstore, vector_store=vector_store,
+                             docstore_strategy=DocstoreStrategy.UPSERTS, disable_cache=True)
 
 
 def embedding_pipeline(embed_model: Any, vector_store: Any) -> IngestionPipeline:
     """Chunk nodes → one dense model's vectors → its Chroma collection (run once per model, the fastest first).
 
-    No docstore: the manifest decides what needs embedding, per note and model."""
+    No docstore here: what a note's chunks lack is per model (`Manifest.notes_lacking`), which a docstore has no
+    place for; the chunking pipeline's docstore has already decided which notes are new or changed."""
     return IngestionPipeline(transformations=[embed_model], vector_store=vector_store, disable_cache=True)
 
 

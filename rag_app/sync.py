@@ -266,6 +266,7 @@ class _Applier:
         self.chunker_id = chunker_id(settings.chunk_max_chars, settings.chunk_overlap)
         self._client: Any = None
         self._chunker: Any = None
+        self._docstore: Any = None
         self._indexes: dict[str, Any] = {}
 
     @property
@@ -275,6 +276,25 @@ class _Applier:
 
             self._client = open_chroma(self.settings)
         return self._client
+
+    @property
+    def docstore(self) -> Any:
+        """The ingestion docstore, opened when a sync first has a note to chunk or delete (never by a sync that finds
+        nothing changed: that one does not even import LlamaIndex). An older home's notes are copied in once."""
+        if self._docstore is None:
+            from rag_app.docstore import open_docstore
+
+            self._docstore = open_docstore(self.settings)
+            _seed_docstore(self.manifest, self._docstore)
+        return self._docstore
+
+    def stored_hashes(self, note_ids: list[str]) -> dict[str, str]:
+        """The docstore's hash of each of these notes it holds (key lookups); nothing to look up, nothing opened."""
+        if not note_ids:
+            return {}
+        from rag_app.docstore import document_hashes
+
+        return document_hashes(self.docstore, note_ids)
 
     def _index(self, model: str) -> Any:
         """The collection of one model, opened once per sync."""
@@ -305,12 +325,15 @@ class _Applier:
     def write_chunks(self, source: str, records: list[NoteRecord]) -> list[str]:
         """Chunk notes through an IngestionPipeline (chunker only) and commit chunk rows and tokens per batch. A note
         keeps its first `MAX_NOTE_CHUNKS` chunks, with a warning (returned)."""
+        from rag_app.docstore import forget_documents
         from rag_app.pipeline import embed_hash
 
         if self._chunker is None:
             from rag_app.pipeline import chunking_pipeline
 
-            self._chunker = chunking_pipeline(self.settings.chunk_max_chars, self.settings.chunk_overlap)
+            first_model = self._index(fill_order(self.settings.models)[0])
+            self._chunker = chunking_pipeline(self.settings.chunk_max_chars, self.settings.chunk_overlap,
+                                              docstore=self.docstore, vector_store=first_model.vector_store())
         self.progress.start(len(records), f"bm25 {source}")
         warnings: list[str] = []
         for start in range(0, len(records), WRITE_BATCH_NOTES):
@@ -322,6 +345,11 @@ class _Applier:
             stale = {m for e in old.values() for m in e.models}
             if stale:
                 self._forget([i for i in ids if i in old], stale)
+            stored = self.stored_hashes(ids)
+            # Planned for chunking though the docstore holds this very version: the chunker changed, a rebuild was
+            # asked for, or a sync died between the docstore's write and the manifest's commit. Forgotten, so the
+            # docstore lets them through.
+            forget_documents(self.docstore, [r.id for r in batch if stored.get(r.id) == r.content_hash])
             nodes = self._chunker.run(documents=[r.to_document() for r in batch])
             by_note: dict[str, list[Any]] = {note_id: [] for note_id in ids}
             for node in nodes:
@@ -354,6 +382,10 @@ class _Applier:
             self._forget(note_ids, models, retain)
         with self.manifest.transaction():
             self.manifest.delete_notes(note_ids)
+        if note_ids:
+            from rag_app.docstore import forget_documents
+
+            forget_documents(self.docstore, note_ids)
         self.report.deleted_chunks += sum(len(e.chunk_ids) for e in entries.values())
 
     def fill(self) -> None:
@@ -492,6 +524,33 @@ class _Applier:
 
             for name in drop_unused_collections(self.settings, self.client, configured):
                 log.info("dropped collection %s (no note uses its model any more)", name)
+
+
+DOCSTORE_SEEDED = "docstore_seeded"
+
+
+def _seed_docstore(manifest: Manifest, docstore: Any) -> None:
+    """Once per home (and docstore): notes indexed before the docstore existed go into it from their kept text, under
+    the hash they were indexed with, so nothing is chunked or embedded again for it. Repeating it after a crash
+    rewrites the same Documents."""
+    if manifest.get_meta(DOCSTORE_SEEDED) == "1":
+        return
+    from readers.note_document import NoteDocument
+
+    entries = manifest.entries()
+    missing = [note_id for note_id in entries if not docstore.document_exists(note_id)]
+    for start in range(0, len(missing), WRITE_BATCH_NOTES):
+        documents, hashes = [], {}
+        for note_id in missing[start : start + WRITE_BATCH_NOTES]:
+            kept = manifest.note_doc(note_id)
+            if kept is None:  # no text kept: the next listing chunks it again, as before
+                continue
+            text, metadata = kept
+            documents.append(NoteDocument(id_=note_id, text=text, metadata=metadata))
+            hashes[note_id] = entries[note_id].hash
+        docstore.add_documents(documents)
+        docstore.set_document_hashes(hashes)
+    manifest.set_meta(DOCSTORE_SEEDED, "1")
 
 
 def _widen_search_beam(settings: Settings, manifest: Manifest) -> None:
@@ -731,7 +790,8 @@ def _sync_one(spec: SourceSpec, manifest: Manifest, applier: _Applier, allow_del
     for warning in listing.warnings:
         log.warning("%s: %s", spec.name, warning)
     plan = make_plan(entries, listing.records, listing.kept_ids, applier.chunker_id,
-                     unchanged_ids=listing.unchanged_ids)
+                     unchanged_ids=listing.unchanged_ids,
+                     stored_hashes=applier.stored_hashes([r.id for r in listing.records if r.id in entries]))
     held = None if allow_deletes else _mass_delete(spec.name, len(entries), plan)
     if held:
         result.failed, result.error, result.deletes_held = True, held, len(plan.deleted)

@@ -41,13 +41,6 @@ class NoteRecord:
 
         return NoteDocument(id_=self.id, text=self.text, metadata={**self.volatile, **self.metadata})
 
-    @classmethod
-    def from_document(cls, document: Any) -> NoteRecord:
-        """The record a reader's Document was made from: its `VOLATILE_KEYS` go back to `volatile`."""
-        metadata = dict(document.metadata)
-        volatile = {key: metadata.pop(key) for key in sorted(VOLATILE_KEYS & metadata.keys())}
-        return cls(id=document.id_, text=document.text, metadata=metadata, volatile=volatile)
-
 
 def content_hash_of(text: str, metadata: dict[str, Any]) -> str:
     """What `NoteRecord.content_hash` and `NoteDocument.hash` compute: text and metadata without `VOLATILE_KEYS`."""

@@ -30,7 +30,7 @@ def settings_from(tmp_path: Path, text: str):
      "serve.trusted_proxies: input should be a valid list, got '127.0.0.1'"),
     ('[serve]\ntrusted_proxies = ["proxy.lan"]\n',
      'serve.trusted_proxies: must list IP addresses or networks such as "127.0.0.1" (\'proxy.lan\' is neither)'),
-    ('[store]\nurll = "http://x"\n', "[store] has no setting 'urll'; known: url"),
+    ('[store]\nurll = "http://x"\n', "[store] has no setting 'urll'; known: docstore_url, url"),
     ("[sync]\nstale = 3\n", "[sync] has no setting 'stale'; known: lock_wait_seconds, stale_seconds"),
     ("[sync]\nstale_seconds = 0\n", "sync.stale_seconds: must be a number from 1 to 2,592,000, got 0"),
     ("[chunking]\nmax_chars = 50\n", "chunking.max_chars: must be a whole number from 100 to 8,000, got 50"),
@@ -188,7 +188,7 @@ def test_the_ends_of_every_range_are_accepted(tmp_path: Path, text: str):
     # unknown keys: every one of them, beside the known ones
     ('[embedding]\nbaseurl = "http://x"\n', f"[embedding] has no setting 'baseurl'; known: {EMBEDDING_KEYS}"),
     ("[chunking]\nsize = 500\noverlap = 50\n", "[chunking] has no setting 'size'; known: max_chars, overlap"),
-    ('[store]\nhost = "127.0.0.1"\n', "[store] has no setting 'host'; known: url"),
+    ('[store]\nhost = "127.0.0.1"\n', "[store] has no setting 'host'; known: docstore_url, url"),
     ("[sync]\nstale = 3\nlock_wait = 1\n", "[sync] has no setting 'stale', 'lock_wait'; known: lock_wait_seconds, "
      "stale_seconds"),
     ("[sync]\nstale = 3\nlock_wait_seconds = -1\n", "[sync] has no setting 'stale'; known: lock_wait_seconds, "

@@ -147,3 +147,11 @@ def test_a_team_docstore_lives_in_postgresql(postgres: str, tmp_path: Path) -> N
     check_upserts(docstore, tmp_path)
     assert not (settings.home / DOCSTORE_FILE).exists()
     assert open_docstore(settings).get_document_hash("b") == note("b", "same text, edited").hash
+
+
+def test_the_docstore_url_is_a_store_setting(tmp_path: Path) -> None:
+    from rag_app.config import load_settings
+
+    (tmp_path / "config.toml").write_text('[store]\ndocstore_url = "postgresql://brain@db.lan:5433/notes"\n',
+                                          encoding="utf-8")
+    assert load_settings(tmp_path).docstore_url == "postgresql://brain@db.lan:5433/notes"
