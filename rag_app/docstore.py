@@ -132,3 +132,16 @@ def forget_documents(docstore: Any, note_ids: list[str]) -> None:
     Documents as top-level nodes without ref-doc info (LlamaIndex 0.14), so `delete_document` is the call that works."""
     for note_id in note_ids:
         docstore.delete_document(note_id, raise_error=False)
+
+
+def close_docstore(docstore: Any) -> None:
+    """Release the docstore's database connections (a watcher syncs many times in one process)."""
+    kvstore = getattr(docstore, "_kvstore", None)
+    if isinstance(kvstore, SQLiteKVStore):
+        kvstore.close()
+        return
+    for engine in (getattr(kvstore, "_engine", None), getattr(kvstore, "_async_engine", None)):
+        if engine is not None and hasattr(engine, "sync_engine"):
+            engine.sync_engine.dispose()
+        elif engine is not None:
+            engine.dispose()

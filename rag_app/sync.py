@@ -296,6 +296,14 @@ class _Applier:
 
         return document_hashes(self.docstore, note_ids)
 
+    def close(self) -> None:
+        """Release the docstore, if this sync opened it."""
+        if self._docstore is not None:
+            from rag_app.docstore import close_docstore
+
+            close_docstore(self._docstore)
+            self._docstore = None
+
     def _index(self, model: str) -> Any:
         """The collection of one model, opened once per sync."""
         if model not in self._indexes:
@@ -666,10 +674,13 @@ def reembed_stored(
     """
     report = SyncReport()
     applier = _Applier(settings, manifest, report, progress or NoProgress(), StopRequested(), keep_hashes=True)
-    for source, batch in records.items():
-        applier.write_chunks(source, batch)
-    applier.fill()
-    applier.finish()
+    try:
+        for source, batch in records.items():
+            applier.write_chunks(source, batch)
+        applier.fill()
+        applier.finish()
+    finally:
+        applier.close()
     return report
 
 
@@ -711,11 +722,11 @@ def sync_sources(
     stop = stop if stop is not None else StopRequested()
     with SyncLock(settings.home, settings.lock_wait_seconds), stop_on_signals(stop):
         manifest = Manifest(settings.manifest_path)
+        applier = _Applier(settings, manifest, report, progress, stop)
         try:
             if not manifest.counts() and manifest.get_meta("tokenizer_version") is None:
                 manifest.set_meta("tokenizer_version", TOKENIZER_VERSION)  # a new home: its tokens are all current
             _namespace_memo_ids(settings, manifest)
-            applier = _Applier(settings, manifest, report, progress, stop)
             for spec in specs:
                 if stop:
                     break
@@ -736,6 +747,7 @@ def sync_sources(
                 manifest.purge_retained(time.time() - RETAIN_SECONDS, set(settings.models))
             _widen_search_beam(settings, manifest)
         finally:
+            applier.close()
             manifest.close()
     report.interrupted = bool(stop)
     report.seconds = time.monotonic() - started
@@ -752,7 +764,10 @@ def remove_source(settings: Settings, name: str) -> int:
                 raise ConfigError(f"unknown source {name!r}; known: {sorted(manifest.sources()) or 'none'}")
             note_ids = sorted(manifest.entries(name))
             applier = _Applier(settings, manifest, SyncReport(), NoProgress(), StopRequested())
-            applier.delete(note_ids, retain=False)  # removing a source is explicit: its vectors go at once
+            try:
+                applier.delete(note_ids, retain=False)  # removing a source is explicit: its vectors go at once
+            finally:
+                applier.close()
             with manifest.transaction():
                 manifest.delete_source(name)
                 servers = {url_origin(str(row["spec"].get("url"))) for row in manifest.sources().values()
