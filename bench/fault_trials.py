@@ -1,8 +1,9 @@
 """Fault trials: kill -9 a `brain sync` at a random moment and sync again; break a Memos server in random ways.
 
-A trial converges when Chroma ids == manifest chunk ids == chunk rows == BM25 ids, nothing is duplicated and every
-note is found by its title. A Memos fault must leave every store exactly as it was, say so in one line, never show
-the token, retry a bounded number of times, and the next clean sync must succeed. tests/rag_app/test_faults.py runs
+A trial converges when Chroma ids == manifest chunk ids == chunk rows == BM25 ids, the docstore holds exactly the
+manifest's notes with their hashes, nothing is duplicated and every note is found by its title. A Memos fault must
+leave every store exactly as it was, say so in one line, never show the token, retry a bounded number of times, and
+the next clean sync must succeed. tests/rag_app/test_faults.py runs
 the same trials a few times; this repeats them and prints a tally.
 
 usage: python bench/fault_trials.py [--kills 10] [--memos 10] [--notes 60] [--seed 0]
@@ -119,7 +120,21 @@ def snapshot(home: Path, store_url: str = "") -> dict[str, Any]:
         db.close()
     bm25 = home / "bm25" / "ids.json"
     return {"vectors": sorted(vectors), "notes": notes, "chunks": rows,
-            "bm25": bm25.read_text(encoding="utf-8") if bm25.exists() else None}
+            "bm25": bm25.read_text(encoding="utf-8") if bm25.exists() else None, "docstore": docstore_hashes(home)}
+
+
+def docstore_hashes(home: Path) -> dict[str, str]:
+    """note id → hash as the home's docstore holds them (rag_app.docstore: one kv table, hashes in `notes/metadata`)."""
+    from rag_app.docstore import DOCSTORE_FILE, NAMESPACE
+
+    if not (home / DOCSTORE_FILE).exists():
+        return {}
+    db = sqlite3.connect(str(home / DOCSTORE_FILE))
+    try:
+        rows = db.execute("SELECT key, value FROM kv WHERE collection = ?", (f"{NAMESPACE}/metadata",)).fetchall()
+    finally:
+        db.close()
+    return {key: json.loads(value)["doc_hash"] for key, value in rows}
 
 
 def convergence_problems(home: Path, titles: dict[str, str] | None = None, store_url: str = "") -> list[str]:
@@ -135,6 +150,10 @@ def convergence_problems(home: Path, titles: dict[str, str] | None = None, store
         if set(ids) != set(manifest_ids):
             diff = sorted(set(ids) ^ set(manifest_ids))
             problems.append(f"{name} ids differ from the manifest's: {len(diff)}, e.g. {diff[:3]}")
+    indexed = {note_id: row[1] for note_id, row in state["notes"].items()}
+    if state["docstore"] != indexed:
+        diff = sorted(set(state["docstore"].items()) ^ set(indexed.items()))
+        problems.append(f"docstore differs from the manifest's notes and hashes: {len(diff)}, e.g. {diff[:2]}")
     if titles:
         from rag_app.engine import Brain
 
