@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 
 import click
 
+from rag_app import warm_engine
 from rag_app.answer import AnswerResponse, readable_excerpt
 from rag_app.engine import (
     BackgroundWatch,
@@ -54,7 +55,11 @@ class TqdmProgress:
 
 def _open(ctx: click.Context, create: bool = False) -> Brain:
     """The home's Brain. Only the commands that fill it (sync, watch, serve, mcp) may `create` the home: reading one
-    that does not exist is an error naming it, so a typo in --home leaves no empty index behind."""
+    that does not exist is an error naming it, so a typo in --home leaves no empty index behind. A command run by the
+    home's warm engine (rag_app.warm_engine) gets the engine's open Brain."""
+    served = warm_engine.served_brain()
+    if served is not None:
+        return served
     with _reported():
         brain = Brain(ctx.obj["home"], store_url=ctx.obj["store_url"])
     if not create and not brain.home.is_dir():
@@ -72,7 +77,7 @@ def _open(ctx: click.Context, create: bool = False) -> Brain:
 
 def _demo_hint(home: Path) -> str:
     """After `make demo` its notes are in ./.brain-demo, not in the home a bare `brain` uses: say where they are."""
-    demo = Path(DEMO_HOME)
+    demo = warm_engine.client_cwd() / DEMO_HOME
     if demo.is_dir() and demo.resolve() != home.resolve():
         return f"; the demo's notes are in {DEMO_HOME}: add --home {DEMO_HOME} (brain --home {DEMO_HOME} search ...)"
     return ""
@@ -123,8 +128,10 @@ def _print_json(data: Any) -> None:
 @click.version_option(package_name="cflow-brain", prog_name="brain")
 @click.option("--home", envvar="BRAIN_HOME", type=click.Path(file_okay=False), help="State directory [env BRAIN_HOME].")
 @click.option("--store-url", envvar="BRAIN_STORE_URL", help="Chroma server, e.g. http://127.0.0.1:8000.")
+@click.option("--no-daemon", is_flag=True, envvar=warm_engine.NO_DAEMON_ENV,
+              help="Run here even when `brain watch`/`serve`/`mcp` serves this home warm [env BRAIN_NO_DAEMON].")
 @click.pass_context
-def main(ctx: click.Context, home: str | None, store_url: str | None) -> None:
+def main(ctx: click.Context, home: str | None, store_url: str | None, no_daemon: bool) -> None:
     """cflow-brain: a searchable second brain over your Memos and markdown vaults."""
     ctx.obj = {"home": home, "store_url": store_url}
 
@@ -200,11 +207,14 @@ def _source_line(result: SourceReport, verbose: bool) -> str:
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> None:
     """What the index holds, per source, and when each last synced."""
-    data = _open(ctx).status()
+    data = _open(ctx).status() | {"engine": warm_engine.how_this_runs()}
     if as_json:
         _print_json(data)
         return
     click.echo(f"home: {data['home']}  store: {data['store']}")
+    engine = data["engine"]
+    click.echo(f"engine: warm ({engine['server']}, pid {engine['pid']})" if engine["mode"] == "warm" else
+               "engine: in-process")
     click.echo(f"model: {data['embedding_model']}  chunker: {data['chunker_version']}")
     click.echo(f"{data['notes']} notes, {data['chunks']} chunks")
     if data["channels"]:
@@ -493,8 +503,28 @@ def watch(ctx: click.Context, vaults: tuple[str, ...], memos: tuple[str, ...], i
     if not as_json:
         names = ", ".join(_plain(s.name) for s in specs)
         click.echo(f"watching {names} (Memos every {interval:g} s); Ctrl-C stops", err=True)
-    with _reported():
+    with _reported(), _served_warm(ctx, brain, "brain watch"):
         brain.watch(specs, interval, on_sync)
+
+
+@contextmanager
+def _served_warm(ctx: click.Context, brain: Brain, server_name: str) -> Iterator[None]:
+    """While a long-running command runs, its Brain answers this home's `brain search`, `ask`, `get`, `status` and
+    `sessions` (rag_app.warm_engine): they then skip the start-up and see what the watcher has synced."""
+    with warm_engine.serving(brain, server_name, _run_served, ctx.obj["store_url"] or ""):
+        yield
+
+
+def _run_served(argv: list[str]) -> int:
+    """One command line for the warm engine, run here as `brain` would run it; its exit code."""
+    try:
+        main.main(args=argv, prog_name="brain")
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        click.echo(str(exc.code), err=True)
+        return 1
+    return 0
 
 
 @contextmanager
@@ -527,7 +557,7 @@ def serve(ctx: click.Context, host: str, port: int, watch_sources: bool, interva
     from rag_app import page
 
     brain = _open(ctx, create=True)
-    with kept_fresh(brain, watch_sources, interval), _reported():
+    with kept_fresh(brain, watch_sources, interval), _served_warm(ctx, brain, "brain serve"), _reported():
         page.serve(brain, host, port)
 
 
@@ -544,7 +574,7 @@ def mcp(ctx: click.Context, over_http: bool, host: str, port: int, watch_sources
     from tools import mcp_server
 
     brain = _open(ctx, create=True)
-    with kept_fresh(brain, watch_sources, interval), _reported():
+    with kept_fresh(brain, watch_sources, interval), _served_warm(ctx, brain, "brain mcp"), _reported():
         if over_http:
             mcp_server.run_http(brain, host=host, port=port)
         else:

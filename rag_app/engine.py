@@ -343,6 +343,16 @@ class Brain:
         return NoteFusionRetriever(self.searcher, k, mode=mode, filters=filters, llm=llm, variants=variants,
                                    lock=self._lock)
 
+    def warm_up(self) -> None:
+        """Open the search index and load every channel (BM25 and jieba, each dense model) before anyone asks, so that
+        a long-running shell's first search is as quick as the next (the warm engine does this when it starts)."""
+        from rag_app.retrieve import search
+
+        with self._lock:
+            index = self.searcher()
+            for mode in ("bm25", "vector", "vector2")[: 1 + len(self._search_models)]:
+                search(index, "warm up 预热", 1, SearchFilters(), mode=mode)
+
     def refresh_if_stale(self) -> dict[str, Any] | None:
         """For long-running shells (page, MCP) without a watcher: when a source's last sync is older than
         `[sync] stale_seconds`, sync every known source in the background. The call waits only for the listing and
