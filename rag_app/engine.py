@@ -348,6 +348,8 @@ class Brain:
         a long-running shell's first search is as quick as the next (the warm engine does this when it starts)."""
         from rag_app.retrieve import search
 
+        if not self.status()["notes"]:
+            return  # nothing to search yet: the first sync opens what it needs
         with self._lock:
             index = self.searcher()
             for mode in ("bm25", "vector", "vector2")[: 1 + len(self._search_models)]:

@@ -331,7 +331,7 @@ class WarmEngine:
 
         folder = self.home / SOCKET_DIR
         try:
-            folder.mkdir(mode=0o700, exist_ok=True)
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
             info = os.lstat(folder)
             if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
                 return self._not_serving(f"{folder} is not a folder of this user's")
@@ -371,8 +371,12 @@ class WarmEngine:
 
     def _warm_up(self) -> None:
         """The models loaded now, not by the first command that comes (which would wait seconds for them)."""
+        import time
+
+        began = time.monotonic()
         try:
             self.brain.warm_up()
+            self.log.info("warm engine: warmed up in %.1f s", time.monotonic() - began)
         except Exception:  # an index not built yet, a model that fails: the first command meets it, as in-process
             self.log.warning("warm engine: warming up failed", exc_info=True)
 
@@ -452,9 +456,9 @@ class WarmEngine:
                 code = 1
             finally:
                 _answering.client = None
-            client.send({"exit": code})
             self.log.info("warm engine: `%s` for pid %s, exit %s, %.3f s", request["argv"][0], peer[0], code,
                           time.monotonic() - began)
+            client.send({"exit": code})
 
     def _refusal(self, request: Any, peer: tuple[int | None, int | None]) -> str | None:
         """Why this request is run in the client's own process instead, or None to run it here."""
