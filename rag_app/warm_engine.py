@@ -211,6 +211,9 @@ def main() -> None:
             sys.stderr.write(f"brain: the warm engine of {request.home} stopped answering ({exc}); "
                              "running in this process\n")
             sys.stderr.flush()
+        except KeyboardInterrupt:  # Ctrl-C: as click ends an interrupted command
+            sys.stderr.write("Aborted!\n")
+            sys.exit(1)
         else:
             if code is not None:
                 sys.exit(code)
