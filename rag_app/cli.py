@@ -212,9 +212,6 @@ def status(ctx: click.Context, as_json: bool) -> None:
         _print_json(data)
         return
     click.echo(f"home: {data['home']}  store: {data['store']}")
-    engine = data["engine"]
-    click.echo(f"engine: warm ({engine['server']}, pid {engine['pid']})" if engine["mode"] == "warm" else
-               "engine: in-process")
     click.echo(f"model: {data['embedding_model']}  chunker: {data['chunker_version']}")
     click.echo(f"{data['notes']} notes, {data['chunks']} chunks")
     if data["channels"]:
@@ -224,6 +221,9 @@ def status(ctx: click.Context, as_json: bool) -> None:
         state = "FAILED: " + _plain(result.get("error")) if result.get("failed") else "ok"
         click.echo(f"  {_plain(src['name'])} ({src['kind']}): {src['notes']} notes, {src['chunks']} chunks, "
                    f"last sync {src['last_sync'] or 'never'}, last result {state}")
+    engine = data["engine"]
+    click.echo(f"engine: warm ({engine['server']}, pid {engine['pid']})" if engine["mode"] == "warm" else
+               "engine: in-process")
 
 
 def _channels_line(channels: dict[str, dict[str, Any]], chunks: int) -> str:
