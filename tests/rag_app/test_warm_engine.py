@@ -316,6 +316,17 @@ def test_a_socket_owned_by_another_user_is_never_used(tmp_path: Path):
         assert len(lost) == 1  # it connected, and was told nothing
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user takes root (CI runs as root)")
+def test_a_server_never_serves_from_another_users_socket_folder(tmp_path: Path):
+    home = tmp_path / "home"
+    stale = stale_socket(home)
+    os.chown(stale.parent, 65534, 65534)
+    engine = warm_engine.WarmEngine(Brain(home), "test", printing_run, "")
+    assert engine.start() == f"{stale.parent} is not a folder of this user's"
+    engine.stop()
+    assert stale.is_socket()  # left alone: not ours to remove
+
+
 def test_a_socket_folder_others_may_enter_is_never_used(tmp_path: Path):
     home = tmp_path / "home"
     with warm_engine.serving(Brain(home), "test", printing_run, ""):
