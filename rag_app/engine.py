@@ -346,14 +346,10 @@ class Brain:
     def warm_up(self) -> None:
         """Open the search index and load every channel (BM25 and jieba, each dense model) before anyone asks, so that
         a long-running shell's first search is as quick as the next (the warm engine does this when it starts)."""
-        from rag_app.retrieve import search
-
         if not self.status()["notes"]:
             return  # nothing to search yet: the first sync opens what it needs
-        with self._lock:
-            index = self.searcher()
-            for mode in ("bm25", "vector", "vector2")[: 1 + len(self._search_models)]:
-                search(index, "warm up 预热", 1, SearchFilters(), mode=mode)
+        for mode in ("bm25", "vector", "vector2")[: 1 + len(self._complete_models())]:
+            self.search("warm up 预热", 1, mode=mode, expand=False)
 
     def refresh_if_stale(self) -> dict[str, Any] | None:
         """For long-running shells (page, MCP) without a watcher: when a source's last sync is older than
