@@ -69,7 +69,8 @@ def start_watch(home: Path, env: dict[str, str]) -> subprocess.Popen[str]:
         return status.returncode == 0 and json.loads(status.stdout)["engine"]["mode"] == "warm"
 
     wait_for(warm, 120)
-    wait_for(lambda: "warm engine: warm" in (home / "brain.log").read_text(encoding="utf-8").split("serving")[-1], 120)
+    wait_for(lambda: "warm engine: warmed up" in (home / "brain.log").read_text(encoding="utf-8").split("serving")[-1],
+             120)
     return process
 
 
