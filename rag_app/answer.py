@@ -154,7 +154,7 @@ _ITEM = re.compile(r"^\s*(?:[-*+]|\d{1,3}[.)])\s+")
 _TABLE_RULE = re.compile(r"^\s*\|?\s*:?-{2,}:?\s*(\|\s*:?-{2,}:?\s*)*\|?\s*$")
 _HAN_RUN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
 _LATIN_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-]*")
-_CODE_SPAN = re.compile(r"(`+)(.+?)\1")
+_TASK_DASH = re.compile(r"(^|\s)[-*+]\s+([☐☑])")
 PASSAGE_CHARS = 420
 
 
@@ -301,7 +301,7 @@ def _fit(block: _Block, terms: list[str], limit: int) -> _Block:
                 break
             kept.append(line)
         return _Block("code", [*kept, "…", block.lines[-1]], block.section)
-    return _Block(block.kind, [_fit_text(block.text, terms, limit)], block.section)
+    return _Block(block.kind, [without_stray_markers(_fit_text(block.text, terms, limit))], block.section)
 
 
 def passage(markdown: str, terms: list[str], limit: int = PASSAGE_CHARS) -> tuple[str, str]:
@@ -332,7 +332,8 @@ def passage(markdown: str, terms: list[str], limit: int = PASSAGE_CHARS) -> tupl
 
 
 def highlight(text: str, terms: list[str]) -> str:
-    """Each term in **bold** (English words whole), outside `code` spans."""
+    """Each term in **bold** (English words whole), outside `code` spans and text that is bold already; terms that
+    touch make one span (`**电影清单**`, never `**电影****清单**`, which shows its stars)."""
     if not terms:
         return text
     alternatives = sorted({re.escape(t) for t in terms}, key=len, reverse=True)
@@ -340,11 +341,61 @@ def highlight(text: str, terms: list[str]) -> str:
                          re.IGNORECASE)
     pieces: list[str] = []
     pos = 0
-    for code in _CODE_SPAN.finditer(text):
-        pieces += [pattern.sub(lambda m: f"**{m.group(0)}**", text[pos:code.start()]), code.group(0)]
-        pos = code.end()
-    pieces.append(pattern.sub(lambda m: f"**{m.group(0)}**", text[pos:]))
+    for kept in _KEPT_AS_IS.finditer(text):
+        pieces += [_bold(pattern, text[pos:kept.start()]), kept.group(0)]
+        pos = kept.end()
+    pieces.append(_bold(pattern, text[pos:]))
     return "".join(pieces)
+
+
+_KEPT_AS_IS = re.compile(r"(`+).+?\1|\*\*[^*\n]+?\*\*|__[^_\n]+?__")  # code spans and bold text
+
+
+def _bold(pattern: re.Pattern[str], text: str) -> str:
+    spans: list[list[int]] = []
+    for match in pattern.finditer(text):
+        if spans and match.start() <= spans[-1][1]:
+            spans[-1][1] = max(spans[-1][1], match.end())
+        else:
+            spans.append([match.start(), match.end()])
+    out: list[str] = []
+    pos = 0
+    for start, end in spans:
+        out += [text[pos:start], f"**{text[start:end]}**"]
+        pos = end
+    out.append(text[pos:])
+    return "".join(out)
+
+
+# Emphasis and code markers that pair up; one left without its partner (an excerpt cut through `*Before Sunrise*`)
+# would show as a raw star.
+_PAIRED = re.compile(r"`[^`\n]+`|\*\*(?=\S)[^*\n]*?\S\*\*|\*(?=[^\s*])[^*\n]*?[^\s*]\*|\*(?=[^\s*])\*")
+_STRAY = re.compile(r"\*+(?=\S)|(?<=\S)\*+|`")
+_LEADING_MARK = re.compile(r"^\s*(?:>\s*)+|^\s*[-*+]\s+(?=[☐☑])")
+
+
+def without_stray_markers(text: str) -> str:
+    """Text with every `*` or backquote that has no partner (cut off with the rest of its span) removed; paired ones
+    and a star standing alone between blanks (`5 * 3`) stay."""
+    out: list[str] = []
+    pos = 0
+    for paired in _PAIRED.finditer(text):
+        out += [_STRAY.sub("", text[pos:paired.start()]), paired.group(0)]
+        pos = paired.end()
+    out.append(_STRAY.sub("", text[pos:]))
+    return "".join(out)
+
+
+def excerpt_markdown(excerpt: str) -> str:
+    """A one-line excerpt (readable_excerpt) as inline markdown a page can render: emphasis and code kept, task boxes
+    without their list dash (`☐ 《一一》`, not `- ☐`), wikilink brackets an excerpt cut in half dropped, no marker
+    left without its partner, and nothing at its start that would open a block (list, quote, heading)."""
+    text = _TASK_DASH.sub(r"\1\2", " ".join(excerpt.split()))
+    text = text.replace("[[", "").replace("]]", "")  # whole wikilinks are text already: these were cut
+    text = without_stray_markers(_LEADING_MARK.sub("", text))
+    if match := re.match(r"(\d{1,9}[.)]|[-*+]|#{1,6})(?=\s)", text):  # opens no list or heading: a no-break space
+        text = match.group(1) + "\u00a0" + text[match.end():].lstrip()
+    return text
 
 
 def llm_answer(llm: Any, question: str, context: str, on_token: Callable[[str], None] | None,

@@ -16,6 +16,7 @@ from rag_app.answer import (
     UNKNOWN_CITATION,
     build_context,
     cited_numbers,
+    excerpt_markdown,
     extractive_answer,
     highlight,
     mark_unknown_citations,
@@ -221,6 +222,32 @@ def test_wikilinks_show_their_text_and_excerpts_lose_their_scaffolding():
 def test_highlight_bolds_whole_english_words_and_leaves_code_spans():
     assert highlight("Docker images: run `docker ps` then dockerd", ["docker", "image"]) == (
         "**Docker** **images**: run `docker ps` then **dockerd**")
+
+
+def test_terms_that_touch_are_one_bold_span_and_bold_text_is_left_alone():
+    """Issue 20 item 4: `电影****清单` showed its stars."""
+    assert highlight("电影清单 和老电影", ["电影", "清单"]) == "**电影清单** 和老**电影**"
+    assert highlight("**带一个跨团队项目。** 项目", ["项目"]) == "**带一个跨团队项目。** **项目**"
+    assert highlight("- ☐ *Before Sunrise*——没看", ["sunrise"]) == "- ☐ *Before **Sunrise***——没看"
+
+
+def test_a_passage_cut_through_an_emphasis_span_leaves_no_stray_star():
+    note = "".join(f"第{n}句说的是别的事情。" for n in range(60)) + "这里写*限流器的设计。后面" + "还有很多。" * 40
+    text = passage(note, ["限流器"])[1]
+    assert "**限流器**" in text and "*限" not in text.replace("**限", "")
+
+
+@pytest.mark.parametrize(("excerpt", "shown"), [
+    ("想看的电影 - ☐ 《花样年华》 - ☑ *Before Sunrise*——没看", "想看的电影 ☐ 《花样年华》 ☑ *Before Sunrise*——没看"),
+    ("- ☐ 《一一》", "☐ 《一一》"),
+    ("…24-03-15]] - 工作：oncall、[[跑步记录…", "…24-03-15 - 工作：oncall、跑步记录…"),
+    ("…unrise*——一直听说 5 * 3 `ps", "…unrise——一直听说 5 * 3 ps"),
+    ("1. 电影院只看 2. 看完", "1.\u00a0电影院只看 2. 看完"),
+    ("> 引用 **粗体**", "引用 **粗体**"),
+    ("- 列表", "-\u00a0列表"),
+])
+def test_an_excerpt_becomes_inline_markdown_without_raw_markers(excerpt, shown):
+    assert excerpt_markdown(excerpt) == shown
 
 
 def test_extractive_answers_read_as_markdown_under_each_notes_title(sample_brain):
