@@ -519,9 +519,23 @@ class Brain:
     def delete_session(self, name: str) -> None:
         self._sessions.delete(name)
 
-    def new_session_name(self) -> str:
-        """A readable unused name such as "2026-12-01 14:03" (the session exists once a question is asked in it)."""
-        return self._sessions.new_name()
+    def start_session(self, question: str) -> str:
+        """A new conversation, stored at once and named after its first question (numbered when taken): the page
+        creates it when that question arrives, so no other chat can end up in it."""
+        return self._sessions.create(question)
+
+    def example_questions(self, count: int = 4) -> list[str]:
+        """Questions an empty chat can offer, from this home's own notes (recent titles, frequent tags); [] when
+        nothing is indexed. Reads the manifest only: no model, no Chroma."""
+        from rag_app.suggest import example_questions
+
+        if not self.settings.manifest_path.exists():
+            return []
+        manifest = Manifest(self.settings.manifest_path)
+        try:
+            return example_questions(manifest.note_metadata(), count)
+        finally:
+            manifest.close()
 
     def llm_state(self) -> dict[str, Any]:
         """{"configured", "missing", "model", "base_url"}: "missing" names what a half-done configuration lacks."""

@@ -22,6 +22,7 @@ from rag_app.answer import CITATION_MARK, content_words
 from rag_app.query import SearchError
 
 MAX_NAME_CHARS = 80
+TITLE_CHARS = 40  # a conversation started by its first question is named after it, shortened to this
 SUBJECT_TERMS = 6  # carried from the last turn into a follow-up's query without an LLM
 HISTORY_ANSWER_CHARS = 1500  # of each earlier answer sent back to the LLM
 CONDENSE_TURNS = 4
@@ -171,13 +172,25 @@ class SessionStore:
             if conn.execute("DELETE FROM sessions WHERE name = ?", (name,)).rowcount == 0:
                 raise SessionNotFound(f"no session named {name!r}")
 
-    def new_name(self, now: dt.datetime | None = None) -> str:
-        """A readable default ("2026-12-01 14:03"), numbered when a session of that minute exists."""
-        base = (now or dt.datetime.now()).strftime("%Y-%m-%d %H:%M")
-        name, n = base, 1
-        while self.exists(name):
-            n += 1
-            name = f"{base} ({n})"
+    def create(self, title: str) -> str:
+        """A new, empty session named after `title` (its first question: one line, at most TITLE_CHARS), numbered
+        when that name is taken; created at once, in one transaction, so two new chats never share a name."""
+        base = " ".join(title.split()) or "Conversation"
+        base = base if len(base) <= TITLE_CHARS else base[:TITLE_CHARS - 1].rstrip() + "…"
+        base = "".join(char if char.isprintable() else " " for char in base)
+        now = time.time()
+        with closing(self._connect()) as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                name, n = validate_name(base), 1
+                while self._id(conn, name) is not None:
+                    n += 1
+                    name = f"{base} ({n})"
+                conn.execute("INSERT INTO sessions (name, created, updated) VALUES (?, ?, ?)", (name, now, now))
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
         return name
 
 

@@ -85,13 +85,22 @@ def test_names_are_one_to_eighty_printable_characters(tmp_path: Path, name: obje
         SessionStore(tmp_path / "s.sqlite").append(name, turn("q"))  # type: ignore[arg-type]
 
 
-def test_new_names_are_readable_and_unused(tmp_path: Path) -> None:
+def test_a_new_session_is_named_after_its_first_question_and_never_shares_a_name(tmp_path: Path) -> None:
     store = SessionStore(tmp_path / "s.sqlite")
-    now = dt.datetime(2026, 12, 1, 14, 3)
-    assert store.new_name(now) == "2026-12-01 14:03"
-    store.append("2026-12-01 14:03", turn("q"))
-    store.append("2026-12-01 14:03 (2)", turn("q"))
-    assert store.new_name(now) == "2026-12-01 14:03 (3)"
+    assert store.create("  我想看\n哪些电影？ ") == "我想看 哪些电影？"
+    assert store.create("我想看 哪些电影？") == "我想看 哪些电影？ (2)"
+    assert store.get("我想看 哪些电影？ (2)")["total"] == 0, "stored at once, before its first turn"
+    long = store.create("x" * 100)
+    assert long == "x" * 39 + "…"
+    store.append(long, turn("q"))
+    assert [(s["name"], s["turns"]) for s in store.list()][0] == (long, 1)
+    names: list[str] = []
+    threads = [threading.Thread(target=lambda: names.append(store.create("同一个问题"))) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(set(names)) == 8
 
 
 def test_threads_and_processes_append_to_one_session_without_losing_a_turn(tmp_path: Path) -> None:
