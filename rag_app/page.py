@@ -5,6 +5,7 @@ open the note in the page."""
 from __future__ import annotations
 
 import contextvars
+import datetime as dt
 import html
 import ipaddress
 import math
@@ -12,7 +13,9 @@ import os
 import queue
 import re
 import socket
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -28,7 +31,7 @@ from starlette.middleware import Middleware  # noqa: E402
 from starlette.responses import JSONResponse  # noqa: E402
 from starlette.types import ASGIApp, Message, Receive, Scope, Send  # noqa: E402
 
-from rag_app.answer import cited_numbers  # noqa: E402
+from rag_app.answer import cited_numbers, excerpt_markdown  # noqa: E402
 from rag_app.engine import (  # noqa: E402
     Brain,
     ConfigError,
@@ -49,6 +52,7 @@ LOGIN_LOCKOUT_SECONDS = 30.0  # the first wait; it doubles with every further wr
 LOGIN_MAX_LOCKOUT_SECONDS = 900.0
 LOGIN_CLIENTS = 10_000  # clients remembered (the oldest are forgotten first)
 PAGE_TURNS = 50  # turns a conversation shows at first, and how many more each "earlier turns" press adds
+TABS_REMEMBERED = 10_000  # open tabs whose conversation the server keeps (the oldest are forgotten first)
 STATUS_SECONDS = 5.0  # the status panel re-reads the manifest this often (a sync from the CLI shows up too)
 # The page loads only its own assets: an image, script or request to any other host is refused by the browser even if
 # something slipped through the answer's sanitising. Gradio's page needs inline scripts and styles, data: fonts and
@@ -65,19 +69,24 @@ SECURITY_HEADERS = [(b"content-security-policy", CONTENT_SECURITY_POLICY.encode(
 # a hidden button: the note opens in the panel without leaving the page or the conversation. The page evaluates no
 # script strings (the policy has no 'unsafe-eval'): no `js=` on events and no gr.HTML, whose templates are eval'd.
 PAGE_HEAD = """<script>
+const BRAIN_LINKS = {"#brain-note?": ["note-request", "note-open"], "#brain-conv?": ["conv-request", "conv-open"]};
 document.addEventListener("click", (event) => {
-  const link = event.target instanceof Element ? event.target.closest('a[href^="#brain-note?"]') : null;
-  if (!link) return;
+  const link = event.target instanceof Element ? event.target.closest('a[href^="#brain-"]') : null;
+  const href = link ? link.getAttribute("href") : "";
+  const prefix = Object.keys(BRAIN_LINKS).find((p) => href.startsWith(p));
+  if (!prefix) return;
   event.preventDefault();
   event.stopPropagation();
-  const box = document.querySelector("#note-request textarea, #note-request input");
-  const button = document.getElementById("note-open");
+  const [boxId, buttonId] = BRAIN_LINKS[prefix];
+  const box = document.querySelector(`#${boxId} textarea, #${boxId} input`);
+  const button = document.getElementById(buttonId);
   if (!box || !button) return;
   const view = document.getElementById("note-view");
   const before = view ? view.innerHTML : "";
-  box.value = link.getAttribute("href").slice(1);
+  box.value = href.slice(1);
   box.dispatchEvent(new Event("input", {bubbles: true}));
   button.click();
+  if (prefix !== "#brain-note?") return;
   let waited = 0;
   const shown = setInterval(() => {  // once the note is in, bring its cited passage into view
     const now = document.getElementById("note-view");
@@ -88,6 +97,62 @@ document.addEventListener("click", (event) => {
     }
   }, 100);
 }, true);
+// The chat never jumps to the end of an answer: a new question (asked, or the last one of a conversation opened) is
+// brought to the top of the chat as soon as there is room, and the answer streams in below it. Scrolling by hand
+// ends that until the next question.
+let brainAsked = {count: 0, first: null, last: null};
+let brainPinned = false;
+function brainScroller(element, chat) {
+  let box = element.parentElement;
+  while (box && box !== chat && !(box.scrollHeight > box.clientHeight + 1 &&
+         ["auto", "scroll"].includes(getComputedStyle(box).overflowY))) box = box.parentElement;
+  return box && box !== chat ? box : null;
+}
+new MutationObserver(() => {
+  const chat = document.getElementById("chat");
+  const questions = chat ? [...chat.querySelectorAll("[data-testid='user']")] : [];
+  const now = {count: questions.length, first: questions.length ? questions[0].textContent : null,
+               last: questions.length ? questions[questions.length - 1].textContent : null};
+  const before = brainAsked;
+  if (now.count !== before.count || now.first !== before.first || now.last !== before.last) {
+    brainAsked = now;
+    const earlier = now.last === before.last && now.count > before.count && now.first !== before.first;
+    if (!earlier) brainPinned = now.count > 0;  // earlier turns put above: the reader stays where they were
+  }
+  if (!brainPinned || !questions.length) return;
+  const last = questions[questions.length - 1];
+  const box = brainScroller(last, chat);
+  if (!box) return;
+  const below = last.getBoundingClientRect().top - box.getBoundingClientRect().top - 8;
+  if (below > 1) box.scrollTop += below;  // only ever down to the question, never past it
+}).observe(document.documentElement, {childList: true, subtree: true, characterData: true});
+// On a phone the conversations are a drawer: closed when the page opens, and closed again once one is picked.
+const brainNarrow = window.matchMedia("(max-width: 768px)");
+function brainCloseDrawer() {
+  const sidebar = document.getElementById("sidebar");
+  if (brainNarrow.matches && sidebar && sidebar.classList.contains("open")) {
+    sidebar.querySelector(".toggle-button")?.click();
+  }
+}
+let brainDrawerTries = 0;
+const brainDrawerStart = setInterval(() => {  // until the drawer has closed once (its button works after hydration)
+  const sidebar = document.getElementById("sidebar");
+  if (!brainNarrow.matches || (brainDrawerTries += 1) > 100 || (sidebar && !sidebar.classList.contains("open"))) {
+    clearInterval(brainDrawerStart);
+  } else {
+    brainCloseDrawer();
+  }
+}, 100);
+document.addEventListener("click", (event) => {
+  const picked = event.target instanceof Element &&
+    event.target.closest('#new-session, #confirm-delete, #conversations a[href^="#brain-conv?"]');
+  if (picked) setTimeout(brainCloseDrawer, 0);
+}, true);
+for (const kind of ["wheel", "touchmove", "keydown"]) {
+  document.addEventListener(kind, (event) => {
+    if (event.target instanceof Element && event.target.closest("#chat")) brainPinned = false;
+  }, {passive: true, capture: true});
+}
 </script>"""
 PAGE_CSS = """
 #note-view { max-height: 78vh; overflow-y: auto; }
@@ -96,11 +161,30 @@ PAGE_CSS = """
 .brain-note-meta, .brain-note-actions, .brain-note-hint { color: var(--body-text-color-subdued); font-size: .9em; }
 .brain-tag { display: inline-block; margin-right: .4em; padding: 0 .4em; border-radius: .6em;
              background: var(--background-fill-secondary); }
-.brain-note-body table { border-collapse: collapse; }
 .brain-note-body th, .brain-note-body td { border: 1px solid var(--border-color-primary); padding: .15em .5em; }
 .brain-note-body pre { overflow-x: auto; padding: .5em; background: var(--background-fill-secondary); }
 .brain-note-body .brain-hit { background: rgba(255, 196, 0, .28); box-shadow: -4px 0 0 rgba(255, 170, 0, .9); }
 .brain-note-links h4 { margin: .8em 0 .2em; }
+/* A table scrolls sideways in its own box instead of squeezing its columns to a character a line. */
+.brain-note-body table, #chat table { display: block; max-width: 100%; overflow-x: auto; border-collapse: collapse; }
+.brain-note-body th, .brain-note-body td, #chat th, #chat td { min-width: 4.5em; }
+/* Conversations: the sidebar's list; the open one is marked. */
+.brain-convs a { display: block; padding: .35em .5em; margin: .1em 0; border-radius: .4em; text-decoration: none;
+                 color: var(--body-text-color); }
+.brain-convs a:hover { background: var(--background-fill-secondary); }
+.brain-convs a.brain-conv-open { background: var(--color-accent-soft); }
+.brain-conv-title { display: block; font-weight: 600; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
+.brain-conv-meta { display: block; font-size: .85em; color: var(--body-text-color-subdued); }
+/* How well the notes answer: strong, related, or not in them at all. */
+.brain-strength { display: inline-block; padding: 0 .5em; border-radius: .6em; font-size: .85em; font-weight: 600; }
+.brain-strong { background: rgba(34, 160, 90, .18); color: rgb(20, 120, 60); }
+.brain-related { background: rgba(230, 160, 0, .2); color: rgb(150, 95, 0); }
+.brain-weak, .brain-not-found { background: rgba(120, 120, 120, .18); color: var(--body-text-color-subdued); }
+/* One way to start fresh: "New conversation". The chat's own trash button would only hide the turns. */
+#chat button[aria-label="Clear"], #chat button[title="Clear"] { display: none; }
+@media (max-width: 768px) {
+  #note-view { max-height: none; overflow-y: visible; }  /* no nested scroll box: the page scrolls to the passage */
+}
 """
 T = TypeVar("T")
 
@@ -258,14 +342,15 @@ def sources_markdown(citations: list[dict[str, Any]], shown: set[int], obsidian:
         head = f"{citation['n']}. [{title}]({note_ref(citation['note_id'], turn, citation['n'])})"
         path = "" if citation.get("url") else str(citation.get("path") or "")
         head += f" — {escape_markdown(path)}" if path else ""
-        head += f" · {citation['strength']}"
+        head += f" {strength_badge(str(citation.get('strength') or 'weak'))}"
         href = note_href(citation, obsidian)
         if href:
             head += f" · [open in {'Memos' if citation.get('url') else 'Obsidian'}]({href})"
         excerpt = " ".join(str(citation.get("excerpt") or "").split())
         if not (excerpts and excerpt):
             return [head]
-        return [head, f"   {escape_markdown(excerpt[:EXCERPT_CHARS])}{'…' if len(excerpt) > EXCERPT_CHARS else ''}"]
+        cut = excerpt[:EXCERPT_CHARS] + ("…" if len(excerpt) > EXCERPT_CHARS else "")
+        return [head, f"   {safe_markdown(excerpt_markdown(cut))}"]
 
     if leads:
         excerpts, shown = True, {c["n"] for c in citations[:3]}
@@ -278,12 +363,36 @@ def sources_markdown(citations: list[dict[str, Any]], shown: set[int], obsidian:
     return "\n".join(out)
 
 
+STRENGTH_LABELS = {"strong": "strong", "related": "related", "weak": "weak", "not-found": "not in your notes"}
+
+
+def strength_badge(strength: str) -> str:
+    """How well a note (or an answer) matches, as the engine judged it: strong, related, weak, not in your notes."""
+    key = strength if strength in STRENGTH_LABELS else "weak"
+    return f"<span class='brain-strength brain-{key}'>{STRENGTH_LABELS[key]}</span>"
+
+
+def answer_strength(turn: dict[str, Any]) -> str | None:
+    """An answer's relevance state: "not-found" when the engine found nothing that answers, else the best strength
+    among its sources; None when there was nothing to search (an empty index)."""
+    coverage = turn.get("coverage") or {}
+    if coverage.get("empty_index"):
+        return None
+    strengths = {c.get("strength") for c in turn.get("citations") or []}
+    if coverage.get("not_found") or turn.get("mode") == "not_found" or not strengths & {"strong", "related"}:
+        return "not-found"
+    return "strong" if "strong" in strengths else "related"
+
+
 def turn_markdown(turn: dict[str, Any], index: int, allowed: Iterable[str], obsidian: bool) -> str:
-    """One answer as the chat shows it: the sanitised answer with its `[n]` linked (an extractive answer says itself
-    why the LLM did not write it), the query a follow-up was condensed to, then the sources."""
+    """One answer as the chat shows it: its relevance state, the sanitised answer with its `[n]` linked (an
+    extractive answer says itself why the LLM did not write it), the query a follow-up was condensed to, then the
+    sources."""
     coverage = turn.get("coverage") or {}
     citations = turn.get("citations") or []
-    parts = [link_citations(safe_markdown(str(turn.get("answer") or ""), allowed), citations, index)]
+    state = answer_strength(turn)
+    parts = [strength_badge(state)] if state else []
+    parts.append(link_citations(safe_markdown(str(turn.get("answer") or ""), allowed), citations, index))
     condensed = str(coverage.get("condensed_query") or "").strip()
     if condensed and condensed != str(turn.get("question") or "").strip():
         parts.append(f"_Searched for: {escape_markdown(condensed)}_")
@@ -506,15 +615,54 @@ def note_html(note: dict[str, Any], related: dict[str, Any] | None, excerpt: str
     return "".join(out).replace("\n", "&#10;")
 
 
-def session_choices(sessions: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    """The conversation picker: newest first, each named with its last question."""
-    choices = []
-    for session in sessions:
-        last = " ".join(str(session.get("last_question") or "").split())
-        last = last if len(last) <= 40 else last[:39] + "…"
-        turns = session.get("turns", 0)
-        choices.append((f"{session['name']} · {turns} turn{'s' if turns != 1 else ''} · {last}", session["name"]))
-    return choices
+CONVERSATION_REF = "#brain-conv?"  # an in-page link that opens a conversation (the page's script hands it over)
+
+
+def conversation_ref(name: str) -> str:
+    return f"{CONVERSATION_REF}name={quote(name, safe='')}"
+
+
+def parse_conversation_ref(ref: str) -> str:
+    """The conversation name of an in-page link (what the browser hands back; untrusted: checked by the engine)."""
+    query = parse_qs(ref.strip().lstrip("#").removeprefix(CONVERSATION_REF.lstrip("#")), keep_blank_values=True)
+    return (query.get("name") or [""])[0]
+
+
+def when_label(iso_time: str, now: dt.datetime | None = None) -> str:
+    """A conversation's last use in this machine's time: "today 14:03", "yesterday 09:10", else the date."""
+    try:
+        moment = dt.datetime.fromisoformat(iso_time.replace("Z", "+00:00")).astimezone()
+    except ValueError:
+        return ""
+    today = (now or dt.datetime.now().astimezone()).date()
+    if moment.date() == today:
+        return f"today {moment:%H:%M}"
+    if moment.date() == today - dt.timedelta(days=1):
+        return f"yesterday {moment:%H:%M}"
+    return f"{moment:%Y-%m-%d}"
+
+
+def conversations_html(listing: list[dict[str, Any]], open_name: str | None, now: dt.datetime | None = None) -> str:
+    """The sidebar's list, newest first: each conversation's title (its name), when it was last used and how many
+    turns it has; the open one marked. One line of HTML, like the note panel."""
+    if not listing:
+        return "<p class='brain-note-hint'>No conversations yet: your first question starts one.</p>"
+    esc = html.escape
+    items = []
+    for session in listing:
+        turns = int(session.get("turns") or 0)
+        meta = " · ".join(part for part in (when_label(str(session.get("updated") or ""), now),
+                                             f"{turns} turn{'s' if turns != 1 else ''}") if part)
+        mark = " class='brain-conv-open' aria-current='true'" if session["name"] == open_name else ""
+        items.append(f"<a href='{esc(conversation_ref(session['name']))}'{mark}>"
+                     f"<span class='brain-conv-title'>{esc(session['name'])}</span>"
+                     f"<span class='brain-conv-meta'>{esc(meta)}</span></a>")
+    return "<nav class='brain-convs'>" + "".join(items) + "</nav>"
+
+
+def _tab_of(request: gr.Request | None) -> str | None:
+    """The open tab a request comes from (Gradio's session hash), None outside Gradio."""
+    return getattr(request, "session_hash", None) or None
 
 
 def earlier_button(first: int) -> Any:
@@ -555,6 +703,11 @@ class ChatPage:
         # One worker runs engine calls: answers stream from it while the page yields; a sync never overlaps a question.
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="brain")
         self._closed = False
+        # Which conversation each open tab is in (None: a new chat), by Gradio's session hash. The server decides,
+        # not the page's state: "New conversation" pressed before the page finished loading must still win over
+        # the load that would reopen the newest conversation.
+        self._tabs: OrderedDict[str, str | None] = OrderedDict()
+        self._tabs_lock = threading.Lock()
 
     def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run on the Brain's thread, keeping Gradio's context so progress bars still reach this request."""
@@ -596,32 +749,67 @@ class ChatPage:
         return [{"role": "user", "content": safe_markdown(str(turn.get("question") or ""))},
                 {"role": "assistant", "content": turn_markdown(turn, index, allowed, self.obsidian)}]
 
-    def sessions_update(self, name: str | None) -> Any:
-        return gr.update(choices=session_choices(self._run(self.brain.sessions)), value=name)
+    # Which conversation a tab is in
 
-    def load(self) -> tuple[Messages, str | None, Any, str, str, int, Any]:
-        """On (re)load: the newest conversation, the picker, the LLM line, the status, the first turn shown and the
-        earlier-turns button."""
+    def _in_tab(self, request: gr.Request | None, session: str | None) -> str | None:
+        """The conversation this tab is in: the server's record, else (a server restarted under an open tab, or a
+        call from outside Gradio) what the page says."""
+        tab = _tab_of(request)
+        with self._tabs_lock:
+            return self._tabs.get(tab, session) if tab else session
+
+    def _choose(self, request: gr.Request | None, name: str | None, unless_chosen: bool = False) -> bool:
+        """Put the tab in conversation `name` (None: a new chat); with `unless_chosen`, only if the tab has not
+        chosen yet. Returns whether it did."""
+        tab = _tab_of(request)
+        if not tab:
+            return True
+        with self._tabs_lock:
+            if unless_chosen and tab in self._tabs:
+                return False
+            self._tabs[tab] = name
+            self._tabs.move_to_end(tab)
+            while len(self._tabs) > TABS_REMEMBERED:
+                self._tabs.popitem(last=False)
+        return True
+
+    def conversations(self, open_name: str | None) -> str:
+        return conversations_html(self._run(self.brain.sessions), open_name)
+
+    def load(self, request: gr.Request | None = None) -> tuple[Any, Any, str, str, str, Any, Any]:
+        """On (re)load: the newest conversation (unless this tab chose another, or a new chat, while it loaded), the
+        sidebar's list, the LLM line, the status, the first turn shown and the earlier-turns button. The chat's
+        example questions come from the notes, for when it is empty."""
         listing = self._run(self.brain.sessions)
-        name = listing[0]["name"] if listing else None
-        shown, first = self.conversation(name)
-        return (shown, name, gr.update(choices=session_choices(listing), value=name), self.llm_line(), self.status(),
-                first, earlier_button(first))
+        newest = listing[0]["name"] if listing else None
+        shown, first = self.conversation(newest)
+        examples = [{"text": question} for question in self._run(self.brain.example_questions)]
+        if not self._choose(request, newest, unless_chosen=True):  # the tab moved on while this loaded
+            name = self._in_tab(request, None)
+            return (gr.update(examples=examples), gr.skip(), self.conversations(name), self.llm_line(),
+                    self.status(), gr.skip(), gr.skip())
+        return (gr.update(value=shown, examples=examples), newest, conversations_html(listing, newest),
+                self.llm_line(), self.status(), first, earlier_button(first))
 
     def chat(self, message: str, history: Messages | None, session: str | None, sources: list[str] | None,
-             tags: str, since: str, until: str) -> Iterator[tuple[Messages, str | None, Any, Any]]:
+             tags: str, since: str, until: str, request: gr.Request | None = None
+             ) -> Iterator[tuple[Messages, str | None, Any, Any]]:
         """Stream the answer as it is written (cumulative text), then show it with linked citations and sources.
 
-        The turn goes into the session (a new one for the first question), so a follow-up is read in the light of
-        the turns before it. Yields the chat, the session name, the picker and the question box."""
+        The turn goes into the tab's conversation; the first question of a new chat creates one on the server,
+        named after it, so a follow-up is read in the light of the turns before it. Yields the chat, the
+        conversation's name, the sidebar's list and the question box."""
         message = (message or "").strip()
         history = list(history or [])
         if not message:
             yield history, session, gr.skip(), gr.skip()
             return
-        if not session:
-            session = self._run(self.brain.new_session_name)
-            index = 0
+        session = self._in_tab(request, session)
+        started = session is None
+        if started:
+            session = self._run(self.brain.start_session, message)
+            self._choose(request, session)
+            history, index = [], 0
         else:
             try:
                 index = self._run(self.brain.session, session, 0)["total"]
@@ -642,22 +830,50 @@ class ChatPage:
         try:
             response = future.result().to_dict()
         except (SearchError, ConfigError) as exc:
-            yield [*asked, {"role": "assistant", "content": f"⚠️ {safe_markdown(str(exc))}"}], session, gr.skip(), \
-                gr.skip()
+            if started and index == 0:
+                self._forget_if_empty(session)
+                self._choose(request, None)
+                session = None
+            yield [*asked, {"role": "assistant", "content": f"⚠️ {safe_markdown(str(exc))}"}], session, \
+                self.conversations(session), gr.skip()
             return
         turn = {"question": message, **response}
-        yield [*history, *self._turn_messages(turn, index)], session, self.sessions_update(session), gr.skip()
+        yield [*history, *self._turn_messages(turn, index)], session, self.conversations(session), gr.skip()
 
-    def open_session(self, name: str | None) -> tuple[Messages, str | None, str, int, Any]:
+    def _forget_if_empty(self, name: str) -> None:
+        """A conversation whose first question failed holds nothing: it is not kept."""
+        try:
+            if self._run(self.brain.session, name, 0)["total"] == 0:
+                self._run(self.brain.delete_session, name)
+        except SessionNotFound:
+            pass
+
+    def ask_example(self, history: Messages | None, session: str | None, sources: list[str] | None, tags: str,
+                    since: str, until: str, selected: gr.SelectData, request: gr.Request
+                    ) -> Iterator[tuple[Messages, str | None, Any, Any]]:
+        """An example question clicked in the empty chat is asked as if typed."""
+        value = selected.value if isinstance(selected.value, dict) else {"text": str(selected.value or "")}
+        yield from self.chat(str(value.get("text") or ""), history, session, sources, tags, since, until, request)
+
+    def open_session(self, ref: str, request: gr.Request | None = None) -> tuple[Messages, str | None, str, str, int,
+                                                                                 Any]:
+        """A conversation picked in the sidebar (an in-page link): its last turns, the list with it marked."""
+        name = parse_conversation_ref(ref or "") or None
         shown, first = self.conversation(name)
-        return shown, name or None, NOTE_HINT, first, earlier_button(first)
+        if not shown:
+            name = None  # deleted meanwhile (another tab, the CLI): a new chat
+        self._choose(request, name)
+        return shown, name, self.conversations(name), NOTE_HINT, first, earlier_button(first)
 
-    def new_session(self) -> tuple[Messages, None, Any, str, int, Any]:
-        """A fresh conversation; it is stored (and named) with its first question."""
-        return [], None, self.sessions_update(None), NOTE_HINT, 0, earlier_button(0)
+    def new_session(self, request: gr.Request | None = None) -> tuple[Messages, None, str, str, int, Any]:
+        """A fresh conversation: the next question creates it on the server (and names it)."""
+        self._choose(request, None)
+        return [], None, self.conversations(None), NOTE_HINT, 0, earlier_button(0)
 
-    def rename_session(self, session: str | None, new_name: str) -> tuple[str | None, Any, str, str]:
-        """Returns the session, the picker, the rename box and a one-line outcome."""
+    def rename_session(self, session: str | None, new_name: str, request: gr.Request | None = None
+                       ) -> tuple[str | None, Any, str, str]:
+        """Returns the conversation, the sidebar's list, the rename box and a one-line outcome."""
+        session = self._in_tab(request, session)
         new_name = " ".join((new_name or "").split())
         if not session:
             return session, gr.skip(), new_name, "Ask a question first: a conversation is saved with its first turn."
@@ -667,32 +883,38 @@ class ChatPage:
             self._run(self.brain.rename_session, session, new_name)
         except (SessionNotFound, ConfigError, SearchError, ValueError) as exc:
             return session, gr.skip(), new_name, f"⚠️ {escape_markdown(str(exc))}"
-        return new_name, self.sessions_update(new_name), "", f"Renamed to {escape_markdown(new_name)}."
+        self._choose(request, new_name)
+        return new_name, self.conversations(new_name), "", f"Renamed to {escape_markdown(new_name)}."
 
-    def ask_delete(self, session: str | None) -> tuple[Any, str]:
+    def ask_delete(self, session: str | None, request: gr.Request | None = None) -> tuple[Any, str]:
         """Deleting is asked twice: the first press shows what would go and a confirm button."""
+        session = self._in_tab(request, session)
         if not session:
             return gr.update(visible=False), "Nothing to delete: this conversation is not saved yet."
         return gr.update(visible=True), f"Delete the conversation {escape_markdown(session)} and all its turns?"
 
-    def delete_session(self, session: str | None) -> tuple[Messages, str | None, Any, str, Any, int, Any]:
-        """Delete the open conversation and show the newest one left (or a fresh one)."""
+    def delete_session(self, session: str | None, request: gr.Request | None = None
+                       ) -> tuple[Messages, str | None, str, str, Any, int, Any]:
+        """Delete the open conversation and show the newest one left (or a new chat)."""
+        session = self._in_tab(request, session)
         if session:
             try:
                 self._run(self.brain.delete_session, session)
             except SessionNotFound:
-                pass  # gone already (another tab, the CLI): the picker below shows what is left
+                pass  # gone already (another tab, the CLI): the list below shows what is left
         listing = self._run(self.brain.sessions)
         name = listing[0]["name"] if listing else None
+        self._choose(request, name)
         outcome = f"Deleted {escape_markdown(session)}." if session else ""
         shown, first = self.conversation(name)
-        return (shown, name, gr.update(choices=session_choices(listing), value=name), outcome,
-                gr.update(visible=False), first, earlier_button(first))
+        return (shown, name, conversations_html(listing, name), outcome, gr.update(visible=False), first,
+                earlier_button(first))
 
     # Notes
 
-    def open_note(self, ref: str, session: str | None) -> str:
+    def open_note(self, ref: str, session: str | None, request: gr.Request | None = None) -> str:
         """The note panel for an in-page link; a citation's link lights the passage it was cited for."""
+        session = self._in_tab(request, session)
         note_id, turn, n = parse_note_ref(ref or "")
         if not note_id:
             return NOTE_HINT
@@ -765,61 +987,72 @@ class ChatPage:
         return "\n".join(lines), self.status(), gr.update(choices=self.source_choices())
 
     def build(self) -> gr.Blocks:
-        """The chat comes first (on a phone the question box is on the first screen); the note panel,
-        conversations, filters and status follow it (beside it on a wide screen)."""
+        """Conversations in a sidebar (a drawer on a phone); the chat first, filling the window, with the note
+        panel beside it on a wide screen and below it on a phone; filters and status in the sidebar."""
         with gr.Blocks(title="cflow-brain") as page:
             session = gr.State(None)
             first = gr.State(0)  # the number of the first turn shown: earlier ones load on request
+            with gr.Sidebar(label="Conversations", elem_id="sidebar", width=300):
+                new_button = gr.Button("＋ New conversation", variant="primary", size="sm", elem_id="new-session")
+                listing = gr.Markdown(elem_id="conversations", sanitize_html=True, latex_delimiters=[])
+                with gr.Accordion("This conversation", open=False, elem_id="conversation-actions"):
+                    rename_box = gr.Textbox(label="Rename to", elem_id="rename-to")
+                    rename_button = gr.Button("Rename", size="sm", elem_id="rename-session")
+                    delete_button = gr.Button("Delete", size="sm", variant="stop", elem_id="delete-session")
+                    with gr.Row(visible=False) as confirm_row:
+                        confirm_button = gr.Button("Yes, delete it", size="sm", variant="stop",
+                                                   elem_id="confirm-delete")
+                        cancel_button = gr.Button("Keep it", size="sm")
+                    outcome = gr.Markdown(elem_id="conversation-outcome")
+                with gr.Accordion("Filters", open=False):
+                    sources = gr.Dropdown(self.source_choices(), multiselect=True, label="Sources",
+                                          info="Empty: all sources.")
+                    tags = gr.Textbox(label="Tags", placeholder="reading, 电影")
+                    since = gr.Textbox(label="Since", placeholder="YYYY-MM-DD")
+                    until = gr.Textbox(label="Until", placeholder="YYYY-MM-DD")
+                with gr.Accordion("Status", open=False):
+                    status = gr.Markdown()
+                    sync_button = gr.Button("Sync now", size="sm")
+                    sync_result = gr.Markdown()
             with gr.Row(equal_height=False):
                 with gr.Column(scale=3, min_width=340):
                     llm_line = gr.Markdown(elem_id="llm-state")
                     earlier = gr.Button("Show earlier turns", size="sm", visible=False, elem_id="earlier-turns")
                     # LaTeX off (KaTeX could link); answers arrive sanitised (safe_markdown), and Gradio's own HTML
-                    # sanitiser stays on with no custom tags let through.
-                    chatbot = gr.Chatbot(label="Answers from your notes", elem_id="chat", height="min(620px, 62vh)",
-                                         latex_delimiters=[], sanitize_html=True, allow_tags=False)
+                    # sanitiser stays on with no custom tags let through. It fills the window and never scrolls by
+                    # itself: the page's script keeps the question asked in view (autoscroll would jump to the end).
+                    chatbot = gr.Chatbot(label="Answers from your notes", elem_id="chat", height="calc(100dvh - 190px)",
+                                         min_height=320, autoscroll=False, latex_delimiters=[], sanitize_html=True,
+                                         allow_tags=False, buttons=["copy"], feedback_options=None,
+                                         placeholder="**Ask your notes** — or start with one of these:")
                     question = gr.Textbox(placeholder=QUESTION_PLACEHOLDER, submit_btn=True, stop_btn=True,
                                           show_label=False, lines=1, max_lines=6, elem_id="question")
                 with gr.Column(scale=2, min_width=320):
                     with gr.Accordion("Note", open=True):
                         note = gr.Markdown(NOTE_HINT, elem_id="note-view", latex_delimiters=[], sanitize_html=True)
-                    with gr.Accordion("Conversations", open=True):
-                        picker = gr.Dropdown([], label="Conversation", elem_id="sessions")
-                        with gr.Row():
-                            new_button = gr.Button("New conversation", size="sm", elem_id="new-session")
-                            delete_button = gr.Button("Delete", size="sm", variant="stop", elem_id="delete-session")
-                        with gr.Row(visible=False) as confirm_row:
-                            confirm_button = gr.Button("Yes, delete it", size="sm", variant="stop")
-                            cancel_button = gr.Button("Keep it", size="sm")
-                        rename_box = gr.Textbox(label="Rename to", elem_id="rename-to")
-                        rename_button = gr.Button("Rename", size="sm")
-                        outcome = gr.Markdown()
-                    with gr.Accordion("Filters", open=False):
-                        sources = gr.Dropdown(self.source_choices(), multiselect=True, label="Sources",
-                                              info="Empty: all sources.")
-                        tags = gr.Textbox(label="Tags", placeholder="reading, 电影")
-                        since = gr.Textbox(label="Since", placeholder="YYYY-MM-DD")
-                        until = gr.Textbox(label="Until", placeholder="YYYY-MM-DD")
-                    with gr.Accordion("Status", open=True):
-                        status = gr.Markdown()
-                        sync_button = gr.Button("Sync now")
-                        sync_result = gr.Markdown()
             note_request = gr.Textbox(visible="hidden", elem_id="note-request")
             note_button = gr.Button(visible="hidden", elem_id="note-open")
+            conversation_request = gr.Textbox(visible="hidden", elem_id="conv-request")
+            conversation_button = gr.Button(visible="hidden", elem_id="conv-open")
 
-            page.load(self.load, outputs=[chatbot, session, picker, llm_line, status, first, earlier])
-            asking = question.submit(self.chat, inputs=[question, chatbot, session, sources, tags, since, until],
-                                     outputs=[chatbot, session, picker, question])
+            page.load(self.load, outputs=[chatbot, session, listing, llm_line, status, first, earlier])
+            filters = [sources, tags, since, until]
+            asking = question.submit(self.chat, inputs=[question, chatbot, session, *filters],
+                                     outputs=[chatbot, session, listing, question])
             question.stop(None, cancels=[asking])
-            picker.input(self.open_session, inputs=picker, outputs=[chatbot, session, note, first, earlier])
-            new_button.click(self.new_session, outputs=[chatbot, session, picker, note, first, earlier])
+            chatbot.example_select(self.ask_example, inputs=[chatbot, session, *filters],
+                                   outputs=[chatbot, session, listing, question])
+            opened = [chatbot, session, listing, note, first, earlier]
+            conversation_button.click(self.open_session, inputs=conversation_request, outputs=opened)
+            new_button.click(self.new_session, outputs=opened)
+            chatbot.clear(self.new_session, outputs=opened)  # hidden; if it shows anyway, it starts afresh
             earlier.click(self.earlier_turns, inputs=[session, first, chatbot], outputs=[chatbot, first, earlier])
             rename_button.click(self.rename_session, inputs=[session, rename_box],
-                                outputs=[session, picker, rename_box, outcome])
+                                outputs=[session, listing, rename_box, outcome])
             delete_button.click(self.ask_delete, inputs=session, outputs=[confirm_row, outcome])
             cancel_button.click(lambda: (gr.update(visible=False), ""), outputs=[confirm_row, outcome])
             confirm_button.click(self.delete_session, inputs=session,
-                                 outputs=[chatbot, session, picker, outcome, confirm_row, first, earlier])
+                                 outputs=[chatbot, session, listing, outcome, confirm_row, first, earlier])
             note_button.click(self.open_note, inputs=[note_request, session], outputs=note, show_progress="hidden")
             sync_button.click(self.sync, outputs=[sync_result, status, sources])
             gr.Timer(STATUS_SECONDS).tick(self.status, outputs=status, show_progress="hidden")
@@ -892,7 +1125,8 @@ def start_page(chat: ChatPage, host: str, port: int, auth: tuple[str, str] | Non
     try:
         _, url, _ = page.launch(server_name=f"[{bare}]" if ":" in bare else bare, server_port=port, auth=auth,
                                 share=False, ssr_mode=False, quiet=True, prevent_thread_lock=True,
-                                app_kwargs={"middleware": [guard]}, css=PAGE_CSS, head=PAGE_HEAD)
+                                app_kwargs={"middleware": [guard]}, css=PAGE_CSS, head=PAGE_HEAD,
+                                footer_links=[])
     except (OSError, ValueError) as exc:
         page.close()
         reason = " ".join(str(exc).split(". ")[0].split())
