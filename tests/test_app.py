@@ -3,6 +3,7 @@ that open notes in the page, notes rendered safely, sources, LLM state, status, 
 
 from __future__ import annotations
 
+import datetime as dt
 import html
 import os
 import re
@@ -35,13 +36,15 @@ QUESTION, FOLLOW_UP = "我想看哪些电影？", "第二部是谁导演的？"
 MOVIES = "vault:sample_vault/生活/电影清单.md"
 MOVIES_LINK = app.obsidian_url("sample_vault", "生活/电影清单.md")
 NO_LLM = ("LLM_BASE_URL", "LLM_MODEL", "LLM_API_KEY", "OPENAI_API_KEY")
+STRONG = "<span class='brain-strength brain-strong'>strong</span>"
 
 
 def ask(chat: app.ChatPage, question: str = QUESTION, history: list[dict[str, Any]] | None = None,
-        session: str | None = None, **filters: Any) -> list[tuple[Any, ...]]:
+        session: str | None = None, tab: Any = None, **filters: Any) -> list[tuple[Any, ...]]:
+    """Every update the page streams for one question; `tab` stands for the gr.Request of an open tab."""
     options = {"sources": [], "tags": "", "since": "", "until": ""} | filters
     return list(chat.chat(question, history or [], session, options["sources"], options["tags"], options["since"],
-                          options["until"]))
+                          options["until"], tab))
 
 
 def answers(outputs: list[tuple[Any, ...]]) -> list[str]:
@@ -93,7 +96,7 @@ def test_page_builds_with_every_panel(page: app.ChatPage) -> None:
     blocks = page.build()
     assert isinstance(blocks, gr.Blocks)
     labels = {getattr(block, "label", None) for block in blocks.blocks.values()}
-    assert {"Sources", "Tags", "Since", "Until", "Conversation", "Rename to", "Answers from your notes"} <= labels
+    assert {"Sources", "Tags", "Since", "Until", "Conversations", "Rename to", "Answers from your notes"} <= labels
     assert r"**sample\_vault** (vault): 41 notes" in page.status()
 
 
@@ -107,15 +110,17 @@ def test_an_extractive_answer_streams_then_links_every_citation_into_the_page(pa
     outputs = ask(page)
     texts = answers(outputs)
     assert_cumulative(texts[1:-1])  # streamed pieces; the last replaces them with citations linked
-    messages, session, picker, _ = outputs[-1]
+    messages, session, listing, _ = outputs[-1]
     assert [m["role"] for m in messages] == ["user", "assistant"] and messages[0]["content"] == QUESTION
     final = texts[-1]
-    assert final.startswith("Extractive answer (no LLM configured)")
+    assert final.startswith(f"{STRONG}\n\nExtractive answer (no LLM configured)")
     movies_ref = app.note_ref(MOVIES, 0, 1)
     assert f"[\\[1\\]]({movies_ref})" in final, "the [1] marker opens the note in the page"
     sources = final.split("**Sources**")[1]
-    assert f"1. [电影清单]({movies_ref}) — 生活/电影清单\\.md · strong · [open in Obsidian]({MOVIES_LINK})" in sources
-    assert [value for _, value in picker["choices"]] == [session] and picker["value"] == session
+    assert f"1. [电影清单]({movies_ref}) — 生活/电影清单\\.md {STRONG} · [open in Obsidian]({MOVIES_LINK})" in sources
+    assert session == QUESTION, "a new conversation is named after its first question"
+    opened = f"<a href='{html.escape(app.conversation_ref(session))}' class='brain-conv-open'"
+    assert listing.count("<a ") == 1 and opened in listing and "1 turn<" in listing
     assert page.brain.session(session)["turns"][0]["question"] == QUESTION
 
 
@@ -129,35 +134,74 @@ def test_a_conversation_continues_and_survives_a_restart(own_home: Path,
     assert app.note_ref(MOVIES, 1, 1) in messages[-1]["content"]  # …and found the movies note again
     first.close()
 
-    shown, name, picker, llm_line, status, first, earlier = pages(own_home).load()  # a new process sees the same
-    assert name == session and picker["value"] == session
-    assert [m["content"] for m in shown] == [m["content"] for m in messages]
+    chat, name, listing, llm_line, status, first, earlier = pages(own_home).load()  # a new process sees the same
+    assert name == session and "brain-conv-open" in listing
+    assert [m["content"] for m in chat["value"]] == [m["content"] for m in messages]
+    assert len(chat["examples"]) == 4, "example questions from the notes, for an empty chat"
     assert (first, earlier["visible"]) == (0, False)
     assert llm_line.startswith("**cflow-brain** · No LLM configured") and "41 notes" in status
+
+
+class Tab:
+    """What Gradio hands a handler about the open tab it serves (gr.Request's session_hash)."""
+
+    def __init__(self, name: str):
+        self.session_hash = name
+
+
+def listed(listing: str) -> list[str]:
+    """The conversations' titles in the sidebar's list, top to bottom."""
+    return [html.unescape(t) for t in re.findall(r"<span class='brain-conv-title'>(.*?)</span>", listing)]
 
 
 def test_conversations_are_listed_renamed_and_deleted(page: app.ChatPage) -> None:
     _, first, _, _ = ask(page)[-1]
     page.brain.rename_session(first, "films")
-    chat, none, picker, box, first, earlier = page.new_session()
-    assert (chat, none, picker["value"], box, first, earlier["visible"]) == ([], None, None, app.NOTE_HINT, 0, False)
-    _, second, _, _ = ask(page, "番茄炒蛋怎么做")[-1]
-    assert [value for _, value in page.sessions_update(second)["choices"]] == [second, "films"]
-    assert page.sessions_update(second)["choices"][0][0].endswith("· 1 turn · 番茄炒蛋怎么做")
+    chat, none, listing, box, first, earlier = page.new_session()
+    assert (chat, none, box, first, earlier["visible"]) == ([], None, app.NOTE_HINT, 0, False)
+    assert listed(listing) == ["films"] and "brain-conv-open" not in listing
+    _, second, listing, _ = ask(page, "番茄炒蛋怎么做")[-1]
+    assert second == "番茄炒蛋怎么做" and listed(listing) == ["番茄炒蛋怎么做", "films"]
+    assert re.search(r"<span class='brain-conv-meta'>today \d\d:\d\d · 1 turn</span>", listing)
 
-    renamed, picker, box, outcome = page.rename_session(second, "  番茄  ")
-    assert (renamed, picker["value"], box, outcome) == ("番茄", "番茄", "", "Renamed to 番茄.")
+    renamed, listing, box, outcome = page.rename_session(second, "  番茄  ")
+    assert (renamed, listed(listing), box, outcome) == ("番茄", ["番茄", "films"], "", "Renamed to 番茄.")
     kept, _, _, outcome = page.rename_session("番茄", "films")
     assert kept == "番茄" and outcome.startswith("⚠️") and "already exists" in outcome
 
-    shown, name, *_ = page.open_session("films")
+    shown, name, listing, *_ = page.open_session(app.conversation_ref("films"))
     assert name == "films" and shown[0]["content"] == QUESTION
+    assert "class='brain-conv-open' aria-current='true'><span class='brain-conv-title'>films<" in listing
     row, question = page.ask_delete("films")
     assert row["visible"] and "films" in question
-    shown, name, picker, outcome, row, *_ = page.delete_session("films")
+    shown, name, listing, outcome, row, *_ = page.delete_session("films")
     assert name == "番茄" and shown[0]["content"] == "番茄炒蛋怎么做" and outcome == "Deleted films."
-    assert [value for _, value in picker["choices"]] == ["番茄"] and not row["visible"]
+    assert listed(listing) == ["番茄"] and not row["visible"]
     assert page.delete_session("films")[1] == "番茄"  # deleted elsewhere meanwhile: no error
+    assert page.open_session(app.conversation_ref("films"))[1] is None, "a deleted one opens as a new chat"
+
+
+def test_the_server_decides_which_conversation_a_tab_is_in(page: app.ChatPage) -> None:
+    """Issue 20: "New conversation" pressed while a cold page was still loading lost to the load, and the next
+    question joined the newest conversation. The tab's choice is kept on the server; a load that finishes after it
+    leaves the chat alone, and a question in a new chat always starts its own conversation."""
+    _, old, _, _ = ask(page)[-1]
+    tab = Tab("tab-1")
+    page.new_session(tab)  # pressed before the load below finished
+    chat, session, listing, *_ = page.load(tab)
+    assert session == gr.skip() and "value" not in chat, "the load leaves the new chat alone"
+    assert listed(listing) == [old] and "brain-conv-open" not in listing
+    _, stale_page_state, _, _ = ask(page, "番茄炒蛋怎么做", [], old, tab)[-1]  # the page still thinks: the old one
+    assert stale_page_state == "番茄炒蛋怎么做" != old
+    assert page.brain.session(old)["total"] == 1
+
+    other = Tab("tab-2")
+    assert page.load(other)[1] == "番茄炒蛋怎么做", "a tab that chose nothing opens on the newest"
+    _, again, _, _ = ask(page, "第二部是谁导演的？", [], None, other)[-1]
+    assert again == "番茄炒蛋怎么做" and page.brain.session(again)["total"] == 2, "it continues what it shows"
+    page.new_session(other)
+    names = [ask(page, "同一个问题", [], None, tab)[-1][1] for tab in (Tab("a"), Tab("b"))]
+    assert names == ["同一个问题", "同一个问题 (2)"], "two new chats never share a conversation"
 
 
 def repeat_turn(home: Path, session: str, times: int) -> None:
@@ -182,7 +226,8 @@ def test_a_long_conversation_shows_its_last_turns_and_loads_earlier_ones_on_requ
     tracemalloc.start()
     started = time.monotonic()
     try:
-        shown, name, _, _, _, first, earlier = fresh.load()
+        chat, name, _, _, _, first, earlier = fresh.load()
+        shown = chat["value"]
         seconds, peak = time.monotonic() - started, tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -289,7 +334,7 @@ def test_sources_show_the_cited_and_strong_ones_and_keep_the_rest_behind_more() 
             "coverage": {"cited": [1, 3], "condensed_query": "q about T"}, "mode": "llm"}
     shown = app.turn_markdown(turn, 4, (), obsidian=False)
     answer, sources = shown.split("**Sources**")
-    assert answer.startswith(f"From the third [\\[3\\]]({app.note_ref('vault:v/3.md', 4, 3)}) and "
+    assert answer.startswith(f"{STRONG}\n\nFrom the third [\\[3\\]]({app.note_ref('vault:v/3.md', 4, 3)}) and "
                              f"[\\[1\\]]({app.note_ref('vault:v/1.md', 4, 1)})")
     assert "\\[9\\]" in answer and "_Searched for: q about T_" in answer
     first, more = sources.split("<details><summary>2 more</summary>")
@@ -298,6 +343,40 @@ def test_sources_show_the_cited_and_strong_ones_and_keep_the_rest_behind_more() 
     extractive = app.turn_markdown(turn | {"mode": "extractive", "answer": "**T2** [2]"}, 0, (), obsidian=False)
     assert "<summary>2 more</summary>" in extractive and "   e2" not in extractive
     assert re.findall(r"^(\d)\. ", extractive.split("<details>")[0], re.M) == ["1", "2"]
+
+
+def test_answers_and_sources_show_how_well_the_notes_answer() -> None:
+    def turn(strengths: list[str], **coverage: Any) -> dict[str, Any]:
+        citations = [{"n": n, "note_id": f"vault:v/{n}.md", "title": f"T{n}", "path": f"{n}.md", "strength": s,
+                      "excerpt": "想看的电影 - ☐ 《花样年华》 - ☐ *Before Sunrise*——一直 [[跑步记录…"}
+                     for n, s in enumerate(strengths, 1)]
+        return {"question": "q", "answer": "a [1]", "citations": citations, "coverage": {"cited": [1], **coverage},
+                "mode": "llm"}
+
+    related = app.turn_markdown(turn(["related", "weak"]), 0, (), obsidian=False)
+    assert related.startswith("<span class='brain-strength brain-related'>related</span>\n\na")
+    assert "1. [T1](" in related and "<span class='brain-strength brain-related'>related</span>\n" in related
+    assert "   想看的电影 ☐ 《花样年华》 ☐ *Before Sunrise*——一直 跑步记录…" in related, "excerpts render, no raw marks"
+    missing = app.turn_markdown(turn(["weak"], not_found=True), 0, (), obsidian=False)
+    assert missing.startswith("<span class='brain-strength brain-not-found'>not in your notes</span>")
+    assert "**Nearest leads** (not an answer)" in missing
+    assert not app.turn_markdown(turn([], empty_index=True), 0, (), obsidian=False).startswith("<span")
+
+
+def test_an_example_question_is_asked_as_if_typed(page: app.ChatPage) -> None:
+    example = gr.SelectData(None, {"index": 0, "value": {"text": QUESTION}})
+    messages, session, listing, _ = list(page.ask_example([], None, [], "", "", "", example, Tab("t")))[-1]
+    assert session == QUESTION and messages[0]["content"] == QUESTION and listed(listing) == [QUESTION]
+
+
+def test_conversations_say_when_they_were_last_used() -> None:
+    now = dt.datetime(2026, 12, 1, 15, 0).astimezone()
+    at = (now - dt.timedelta(hours=1)).astimezone(dt.UTC).isoformat()
+    assert app.when_label(at, now) == f"today {now - dt.timedelta(hours=1):%H:%M}"
+    assert app.when_label((now - dt.timedelta(days=1)).isoformat(), now).startswith("yesterday ")
+    assert app.when_label("2024-03-15T08:00:00Z", now) == "2024-03-15" and app.when_label("junk", now) == ""
+    assert "No conversations yet" in app.conversations_html([], None)
+    assert app.parse_conversation_ref(app.conversation_ref("a&b=c #2")) == "a&b=c #2"
 
 
 def test_an_llm_conversation_sends_the_first_turn_with_the_follow_up(own_home: Path,
@@ -325,7 +404,7 @@ def test_an_llm_conversation_sends_the_first_turn_with_the_follow_up(own_home: P
     first_answer = "你想看《花样年华》和《一一》。"  # as sent back: without the [n] of that turn's sources
     assert [(m["role"], m["content"]) for m in sent[1:3]] == [("user", QUESTION), ("assistant", first_answer)]
     final = texts[-1]
-    assert final.startswith(f"《一一》是杨德昌导演的[\\[1\\]]({app.note_ref(MOVIES, 1, 1)})。")
+    assert final.startswith(f"{STRONG}\n\n《一一》是杨德昌导演的[\\[1\\]]({app.note_ref(MOVIES, 1, 1)})。")
     assert "_Searched for: 想看的电影里第二部《一一》是谁导演的？_" in final
     assert "1. [电影清单](" in final.split("**Sources**")[1] and "open in" not in final  # Obsidian links off
 
@@ -342,6 +421,7 @@ def test_an_unreachable_llm_is_named_in_the_answer(own_home: Path, pages: Callab
     monkeypatch.setenv("LLM_BASE_URL", f"http://127.0.0.1:{free_port()}/v1")
     monkeypatch.setenv("LLM_MODEL", "qwen2.5")
     final = answers(ask(pages(own_home)))[-1]
+    final = final.removeprefix(f"{STRONG}\n\n")
     assert final.startswith("Extractive answer: LLM unavailable (Connection error") and "showing passages" in final
 
 
@@ -362,6 +442,7 @@ def test_status_shows_each_channels_progress_and_time_left() -> None:
 def test_bad_filter_is_shown_not_raised(page: app.ChatPage) -> None:
     shown = answers(ask(page, since="last spring"))[-1]
     assert shown.startswith("⚠️") and "must be a date" in shown
+    assert page.brain.sessions() == [], "a conversation whose first question failed is not kept"
 
 
 def test_citation_links_per_source_kind() -> None:
@@ -374,8 +455,8 @@ def test_citation_links_per_source_kind() -> None:
     assert app.note_href(note, obsidian=True) == "obsidian://open?vault=My%20Notes&file=a%20b%2Fc.md"
     shown = app.sources_markdown([memo, note], {1, 2}, obsidian=False, excerpts=True, turn=0)
     assert shown.splitlines()[2:] == [
-        rf"1. [\[draft\] a \(b\)]({app.note_ref('memos:abc', 0, 1)}) · strong · [open in Memos](https://m.example/m/abc)",
-        "   x", rf"2. [C]({app.note_ref('vault:My Notes/a b/c.md', 0, 2)}) — a b/c\.md · strong"]
+        rf"1. [\[draft\] a \(b\)]({app.note_ref('memos:abc', 0, 1)}) {STRONG} · [open in Memos](https://m.example/m/abc)",
+        "   x", rf"2. [C]({app.note_ref('vault:My Notes/a b/c.md', 0, 2)}) — a b/c\.md {STRONG}"]
     assert quote("vault:My Notes/a b/c.md", safe="") in app.note_ref("vault:My Notes/a b/c.md")
 
 
@@ -426,7 +507,7 @@ def test_an_llm_answer_links_only_to_urls_in_its_cited_notes(own_home: Path, pag
         monkeypatch.setenv("LLM_BASE_URL", double.url)
         monkeypatch.setenv("LLM_MODEL", "qwen2.5")
         texts = answers(ask(pages(own_home, obsidian=False), "payment gateway timeout incident ERR_CONN_RESET_4471"))
-    answer_part = texts[-1].split("\n\n**Sources**")[0]
+    answer_part = texts[-1].split("\n\n**Sources**")[0].removeprefix(f"{STRONG}\n\n")
     assert answer_part == (r"Timeouts came from the gateway: "
                            "[status page](https://status.example.com/incidents/8812). \\!pixel details")
     assert not [text for text in texts if "http://127.0.0.1:9" in text], "a streamed piece kept a foreign link"
