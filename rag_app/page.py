@@ -166,8 +166,8 @@ PAGE_CSS = """
 .brain-note-body .brain-hit { background: rgba(255, 196, 0, .28); box-shadow: -4px 0 0 rgba(255, 170, 0, .9); }
 .brain-note-links h4 { margin: .8em 0 .2em; }
 /* A table scrolls sideways in its own box instead of squeezing its columns to a character a line. */
-.brain-note-body table, #chat table { display: block; max-width: 100%; overflow-x: auto; border-collapse: collapse; }
-.brain-note-body th, .brain-note-body td, #chat th, #chat td { min-width: 4.5em; }
+#note-view table, #chat table { display: block; max-width: 100%; overflow-x: auto; border-collapse: collapse; }
+#note-view th, #note-view td, #chat th, #chat td { min-width: 4.5em; }
 /* Conversations: the sidebar's list; the open one is marked. */
 .brain-convs a { display: block; padding: .35em .5em; margin: .1em 0; border-radius: .4em; text-decoration: none;
                  color: var(--body-text-color); }
@@ -184,6 +184,7 @@ PAGE_CSS = """
 #chat button[aria-label="Clear"], #chat button[title="Clear"] { display: none; }
 @media (max-width: 768px) {
   #note-view { max-height: none; overflow-y: visible; }  /* no nested scroll box: the page scrolls to the passage */
+  #note-view th, #note-view td, #chat th, #chat td { white-space: nowrap; }  /* a row a line; the table scrolls */
 }
 """
 T = TypeVar("T")
@@ -1021,9 +1022,10 @@ class ChatPage:
                     # LaTeX off (KaTeX could link); answers arrive sanitised (safe_markdown), and Gradio's own HTML
                     # sanitiser stays on with no custom tags let through. It fills the window and never scrolls by
                     # itself: the page's script keeps the question asked in view (autoscroll would jump to the end).
-                    chatbot = gr.Chatbot(label="Answers from your notes", elem_id="chat", height="calc(100dvh - 190px)",
-                                         min_height=320, autoscroll=False, latex_delimiters=[], sanitize_html=True,
-                                         allow_tags=False, buttons=["copy"], feedback_options=None,
+                    chatbot = gr.Chatbot(label="Answers from your notes", show_label=False, elem_id="chat",
+                                         height="calc(100dvh - 190px)", min_height=320, autoscroll=False,
+                                         latex_delimiters=[], sanitize_html=True, allow_tags=False,
+                                         buttons=["copy"], feedback_options=None,
                                          placeholder="**Ask your notes** — or start with one of these:")
                     question = gr.Textbox(placeholder=QUESTION_PLACEHOLDER, submit_btn=True, stop_btn=True,
                                           show_label=False, lines=1, max_lines=6, elem_id="question")

@@ -1,5 +1,7 @@
 """The chat page in a real headless Chromium (1400 px and a 400 px phone): `brain serve` as a user starts it, a
-conversation held with an OpenAI-compatible double, kept over a reload, notes opened in the page, nothing fetched."""
+conversation held with an OpenAI-compatible double, kept over a reload, notes opened in the page, nothing fetched;
+conversations in the sidebar (new, rename, delete; "new" reliable from the first moment), a long conversation that
+keeps each question in view, tables and cited passages at phone width. Screenshots go to docs/screenshots/."""
 
 from __future__ import annotations
 
@@ -18,11 +20,12 @@ from urllib.parse import unquote
 
 import pytest
 
-from rag_app.engine import Brain
-from tests.conftest import free_port, stop
+from rag_app.engine import Brain, SessionNotFound
+from tests.conftest import REPO, free_port, stop
 from tests.doubles.openai_server import OpenAIDouble
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+SCREENSHOTS = REPO / "docs" / "screenshots"  # what the tests saw, for people to look at (README points here)
 # Offline and quiet: no browser download, no update checks, no first-run pages (see shared/STACK-NOTES.md).
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--no-first-run", "--window-size=1400,1000"]
@@ -129,6 +132,12 @@ def policy_violations(driver: webdriver.Chrome) -> list[str]:
     return [entry["message"] for entry in driver.get_log("browser") if "Content Security Policy" in entry["message"]]
 
 
+def screenshot(driver: webdriver.Chrome, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    driver.save_screenshot(str(SCREENSHOTS / name))
+    print(f"screenshot: {SCREENSHOTS / name}")
+
+
 def bubbles(driver: webdriver.Chrome) -> list[Any]:
     return driver.find_elements(By.CSS_SELECTOR, "[data-testid='bot']")
 
@@ -141,6 +150,16 @@ def finished(driver: webdriver.Chrome, count: int) -> list[str] | bool:
     except StaleElementReferenceException:
         return False
     return texts if len(texts) == count and all("Sources" in text for text in texts) else False
+
+
+def answered(driver: webdriver.Chrome, count: int) -> list[str] | bool:
+    """Like `finished`, but an answer may also be "not in your notes" (its leads listed)."""
+    try:
+        texts = [bubble.text for bubble in bubbles(driver)]
+    except StaleElementReferenceException:
+        return False
+    done = len(texts) == count and all("Sources" in text or "Nearest leads" in text for text in texts)
+    return texts if done else False
 
 
 def citation(driver: webdriver.Chrome, answer: int, n: int = 1) -> Any:
@@ -208,19 +227,18 @@ def test_a_conversation_follows_up_survives_a_reload_and_opens_its_notes(start_s
         sent = llm.requests[-1]["body"]["messages"]
     first_answer = "你想看《花样年华》和《一一》。"  # sent back without the [n] of its own turn's sources
     assert [(m["role"], m["content"]) for m in sent[1:3]] == [("user", FIRST), ("assistant", first_answer)]
-    assert second.startswith("《一一》是杨德昌导演的[1]。")
+    assert second.startswith("strong\n《一一》是杨德昌导演的[1]。"), "the answer says how well the notes answer"
     assert "电影清单" in href, "the follow-up found the movies note"
     assert "Searched for: 想看的电影里第二部《一一》是谁导演的？" in second
-    screenshot = tmp_path / "conversation-1400.png"
-    browser.save_screenshot(str(screenshot))
-    print(f"screenshot: {screenshot}")
+    screenshot(browser, "conversation-1400.png")
 
     browser.refresh()
     reloaded = WebDriverWait(browser, 60).until(lambda d: finished(d, 2))
-    assert reloaded[-1].startswith("《一一》是杨德昌导演的[1]。")
+    assert reloaded[-1].startswith("strong\n《一一》是杨德昌导演的[1]。")
     users = [u.text for u in browser.find_elements(By.CSS_SELECTOR, "[data-testid='user']")]
     assert users == [FIRST, FOLLOW_UP]
-    name = browser.find_element(By.CSS_SELECTOR, "#sessions input").get_attribute("value").split(" · ")[0]
+    name = browser.find_element(By.CSS_SELECTOR, "#conversations .brain-conv-open .brain-conv-title").text
+    assert name == FIRST, "the conversation is named after its first question, and marked open in the sidebar"
     cited = served.session(name)["turns"][1]["citations"][0]
 
     citation(browser, 1).click()
@@ -238,23 +256,177 @@ def test_a_conversation_follows_up_survives_a_reload_and_opens_its_notes(start_s
     assert not policy_violations(browser), "the page's own assets must work under its Content-Security-Policy"
 
 
-def test_on_a_phone_the_question_box_is_on_the_first_screen(page_url: str, browser: webdriver.Chrome,
-                                                           tmp_path: Path) -> None:
+def test_at_phone_width_tables_scroll_in_their_box_the_cited_passage_shows_and_the_drawer_is_at_hand(
+        page_url: str, browser: webdriver.Chrome) -> None:
     as_phone(browser)
     browser.get(page_url)
-    ask_in_page(browser, FIRST)
-    WebDriverWait(browser, 180).until(lambda d: finished(d, 1))
-    browser.execute_script("window.scrollTo(0, 0)")
+    box = WebDriverWait(browser, 60).until(lambda d: d.find_element(By.CSS_SELECTOR, "#question textarea"))
+    patient(browser, 10).until(lambda d: "open" not in d.find_element(By.ID, "sidebar").get_attribute("class"))
+    toggle = browser.find_element(By.CSS_SELECTOR, "#sidebar .toggle-button")
     assert browser.execute_script("return window.innerWidth") == 400
-    box = browser.find_element(By.CSS_SELECTOR, "#question textarea")
+    assert in_viewport(browser, toggle), "the conversation drawer opens from the first screen"
     assert browser.execute_script("return arguments[0].getBoundingClientRect().bottom", box) <= 800
-    screenshot = tmp_path / "phone-400.png"
-    browser.save_screenshot(str(screenshot))
-    print(f"screenshot: {screenshot}")
+    ask_in_page(browser, "电影清单 步履不停 导演 评分")
+    WebDriverWait(browser, 180).until(lambda d: answered(d, 1))
+    table = browser.find_element(By.CSS_SELECTOR, "[data-testid='bot'] table")
+    widths = table_widths(browser, table)
+    assert widths[:3] == [True, True, True], f"the table scrolls sideways in its own box: {widths}"
+    browser.execute_script("window.scrollTo(0, 0)")
+    assert browser.execute_script("return arguments[0].getBoundingClientRect().bottom", box) <= 800
+    screenshot(browser, "phone-400.png")
 
     citation(browser, 0).click()  # the note panel sits below the chat here: it is brought into view
     patient(browser).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#note-view .brain-hit"))
     patient(browser, 10).until(lambda d: in_viewport(d, d.find_element(By.ID, "brain-hit")))
+    screenshot(browser, "phone-400-note.png")
+    note_table = browser.find_element(By.CSS_SELECTOR, "#note-view table")
+    assert table_widths(browser, note_table)[1:3] == [True, True], "the note's table scrolls in its own box too"
+
+    toggle.click()
+    link = patient(browser, 10).until(lambda d: d.find_element(By.CSS_SELECTOR, "#conversations a"))
+    patient(browser, 10).until(lambda d: in_viewport(d, link))
+    screenshot(browser, "phone-400-drawer.png")
+    link.click()
+    patient(browser, 10).until(lambda d: "open" not in d.find_element(By.ID, "sidebar").get_attribute("class"))
+
+
+def table_widths(driver: webdriver.Chrome, table: Any) -> list[Any]:
+    """[scrolls sideways in its box, the page does not, no cell is squeezed to a character or two a line, figures]:
+    a cell is squeezed when it is taller than three lines of its text."""
+    return driver.execute_script("""
+        const t = arguments[0], cells = [...t.querySelectorAll("th, td")];
+        const lines = (c) => c.getBoundingClientRect().height / parseFloat(getComputedStyle(c).lineHeight || 20);
+        const tallest = Math.max(...cells.map(lines));
+        return [t.scrollWidth > t.clientWidth && t.clientWidth <= window.innerWidth,
+                document.documentElement.scrollWidth <= window.innerWidth, tallest <= 3.6,
+                {client: t.clientWidth, scroll: t.scrollWidth, tallest}];
+    """, table)
+
+
+def user_questions(driver: webdriver.Chrome) -> list[str]:
+    return [u.text for u in driver.find_elements(By.CSS_SELECTOR, "[data-testid='user']")]
+
+
+def questions_alone(driver: webdriver.Chrome, *questions: str) -> bool:
+    """The chat shows exactly these questions, each answered."""
+    try:
+        return user_questions(driver) == list(questions) and bool(answered(driver, len(questions)))
+    except StaleElementReferenceException:
+        return False
+
+
+def listed(driver: webdriver.Chrome) -> list[str]:
+    """The sidebar's conversations, top to bottom."""
+    try:
+        return [t.text for t in driver.find_elements(By.CSS_SELECTOR, "#conversations .brain-conv-title")]
+    except StaleElementReferenceException:
+        return []
+
+
+def test_new_conversation_is_reliable_from_the_first_moment_and_the_sidebar_keeps_them(
+        sample_home: Path, start_served: Callable[..., Served], browser: webdriver.Chrome, tmp_path: Path) -> None:
+    """Issue 20: on a freshly started server, "new conversation" clicked before the page had loaded lost to the load
+    and the next question joined the previous conversation; the chat's trash icon only hid the turns."""
+    home = tmp_path / "race-home"
+    shutil.copytree(sample_home, home)
+    brain = Brain(home)
+    brain.ask(FIRST, 3, session="旧对话")
+    brain.close()
+    served = start_served(home)
+    asked = {0.3: "番茄炒蛋怎么做", 1.0: "docker 怎么清理镜像", 2.5: "rust 的借用规则"}
+    for delay, question in asked.items():  # the first load is the server's first: cold
+        browser.get(served.url)
+        loaded = time.monotonic()
+        button = WebDriverWait(browser, 60, poll_frequency=0.05).until(lambda d: d.find_element(By.ID, "new-session"))
+        time.sleep(max(0.0, loaded + delay - time.monotonic()))
+        button.click()
+        ask_in_page(browser, question)
+        patient(browser, 180).until(lambda d, q=question: questions_alone(d, q))
+    time.sleep(3)  # a load that finished late must not have put the old conversation back
+    assert user_questions(browser) == [asked[2.5]]
+    brain = Brain(home)
+    try:
+        stored = {s["name"]: s["turns"] for s in brain.sessions()}
+    finally:
+        brain.close()
+    assert stored == {"旧对话": 1, **{question: 1 for question in asked.values()}}, "each in its own conversation"
+
+    clear = browser.find_element(By.CSS_SELECTOR, "#chat button[aria-label='Clear']")
+    assert not clear.is_displayed(), "one way to start afresh: New conversation"
+    browser.execute_script("arguments[0].click()", clear)  # were it shown anyway, it starts a new conversation
+    patient(browser, 30).until(lambda d: not user_questions(d))
+    ask_in_page(browser, asked[0.3])
+    patient(browser, 180).until(lambda d: questions_alone(d, asked[0.3]))
+    patient(browser, 30).until(lambda d: listed(d)[:2] == [f"{asked[0.3]} (2)", asked[2.5]])
+    assert served.session(f"{asked[0.3]} (2)")["total"] == 1
+
+    browser.find_element(By.XPATH, "//button[.//span[text()='This conversation']]").click()
+    rename = patient(browser, 10).until(lambda d: d.find_element(By.CSS_SELECTOR, "#rename-to textarea, #rename-to "
+                                                                                   "input"))
+    rename.send_keys("再问番茄")
+    browser.find_element(By.ID, "rename-session").click()
+    patient(browser, 30).until(lambda d: listed(d)[:1] == ["再问番茄"])
+    assert browser.find_element(By.CSS_SELECTOR, "#conversations .brain-conv-open .brain-conv-title").text == "再问番茄"
+    screenshot(browser, "sidebar-1400.png")
+
+    next(a for a in browser.find_elements(By.CSS_SELECTOR, "#conversations a") if "旧对话" in a.text).click()
+    patient(browser, 60).until(lambda d: questions_alone(d, FIRST))
+    browser.find_element(By.ID, "delete-session").click()
+    patient(browser, 10).until(lambda d: d.find_element(By.ID, "confirm-delete").is_displayed())
+    assert "旧对话" in listed(browser), "nothing is deleted before the confirmation"
+    browser.find_element(By.ID, "confirm-delete").click()
+    patient(browser, 30).until(lambda d: listed(d) and "旧对话" not in listed(d) and user_questions(d) == [asked[0.3]])
+    with pytest.raises(SessionNotFound):
+        served.session("旧对话")
+
+    browser.find_element(By.ID, "new-session").click()
+    patient(browser, 30).until(lambda d: not user_questions(d))
+    example = patient(browser, 30).until(lambda d: next(b for b in d.find_elements(By.CSS_SELECTOR, "#chat button")
+                                                        if b.text.endswith(("？", "?"))))
+    picked = example.text
+    screenshot(browser, "new-conversation-1400.png")
+    example.click()
+    patient(browser, 180).until(lambda d: questions_alone(d, picked))
+    patient(browser, 30).until(lambda d: listed(d)[:1] == [picked])
+
+
+def question_in_view(driver: webdriver.Chrome) -> bool:
+    """The last question asked is inside the chat's visible part (and the window)."""
+    return driver.execute_script("""
+        const chat = document.getElementById("chat");
+        const questions = chat.querySelectorAll("[data-testid='user']");
+        const last = questions[questions.length - 1];
+        let box = last.parentElement;
+        while (box !== chat && !(box.scrollHeight > box.clientHeight + 1 &&
+               ["auto", "scroll"].includes(getComputedStyle(box).overflowY))) box = box.parentElement;
+        const q = last.getBoundingClientRect(), b = box.getBoundingClientRect();
+        return q.top >= b.top - 1 && q.bottom <= b.bottom + 1 && q.top >= 0 && q.bottom <= window.innerHeight;
+    """)
+
+
+TWENTY = ["我想看哪些电影？", "番茄炒蛋怎么做", "docker 怎么清理镜像", "rust 的借用规则", "git 怎么撤销提交",
+          "SQL 窗口函数怎么用", "跑步记录里的配速", "京都游记去了哪些地方", "三体读书笔记", "日语学习进度",
+          "每月预算怎么分", "支付超时事故的原因", "限流器的设计", "咖啡冲煮参数", "sleep habits",
+          "出行打包清单有什么", "vim 常用命令", "oncall runbook 第一步", "2025 年度目标", "猫咪日常"]
+
+
+def test_a_twenty_turn_conversation_keeps_each_question_in_view(page_url: str, browser: webdriver.Chrome) -> None:
+    """Issue 20: the chat kept a fixed height and jumped to the end of each answer (its sources), so the question
+    scrolled out of view."""
+    browser.get(page_url)
+    WebDriverWait(browser, 60).until(lambda d: d.find_element(By.CSS_SELECTOR, "#question textarea"))
+    height = browser.execute_script("return document.getElementById('chat').getBoundingClientRect().height")
+    assert height > 650, f"the chat fills the window (1000 px), not a fixed box: {height}"
+    missed = []
+    for turn, question in enumerate(TWENTY, 1):
+        ask_in_page(browser, question)
+        patient(browser, 180).until(lambda d, n=turn: answered(d, n))
+        time.sleep(0.3)  # the last render settles
+        if not question_in_view(browser):
+            missed.append(question)
+    screenshot(browser, "twenty-turns-1400.png")
+    assert missed == [], "questions out of view after their answer"
+    assert len(user_questions(browser)) == 20
 
 
 def test_a_long_conversation_opens_on_its_last_turns_and_loads_earlier_ones_on_request(
@@ -298,11 +470,9 @@ def test_a_question_the_notes_never_answer_says_so_and_shows_leads_not_sources(p
     browser.get(page_url)
     ask_in_page(browser, "量子色动力学格点规范")
     text = WebDriverWait(browser, 180).until(leads_answer)
-    assert text.startswith("Not in your notes")
+    assert text.startswith("not in your notes\nNot in your notes")
     assert "Sources" not in text and "strong" not in text and "Extractive answer" not in text
-    screenshot = tmp_path / "not-in-your-notes.png"
-    browser.save_screenshot(str(screenshot))
-    print(f"screenshot: {screenshot}")
+    screenshot(browser, "not-in-your-notes.png")
 
 
 HOSTILE_NOTE = """# 可疑的笔记
