@@ -284,7 +284,9 @@ def test_at_phone_width_tables_scroll_in_their_box_the_cited_passage_shows_and_t
 
     toggle.click()
     link = patient(browser, 10).until(lambda d: d.find_element(By.CSS_SELECTOR, "#conversations a"))
-    patient(browser, 10).until(lambda d: in_viewport(d, link))
+    patient(browser, 10).until(lambda d: in_viewport(d, link) and d.execute_script(
+        "const r = arguments[0].getBoundingClientRect(); return r.left >= 0 && r.right <= window.innerWidth;", link))
+    time.sleep(0.5)  # the drawer's slide has ended: the screenshot shows it in place
     screenshot(browser, "phone-400-drawer.png")
     link.click()
     patient(browser, 10).until(lambda d: "open" not in d.find_element(By.ID, "sidebar").get_attribute("class"))
