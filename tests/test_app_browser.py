@@ -55,10 +55,10 @@ def wait_until_up(url: str, server: subprocess.Popen[str], timeout: float = 120.
 
 
 class Served:
-    """A running `brain serve`: its URL and its home (to read the conversations it stored)."""
+    """A running `brain serve`: its URL, its home (to read the conversations it stored) and its process."""
 
-    def __init__(self, url: str, home: Path):
-        self.url, self.home = url, home
+    def __init__(self, url: str, home: Path, process: subprocess.Popen[str]):
+        self.url, self.home, self.process = url, home, process
 
     def session(self, name: str) -> dict[str, Any]:
         brain = Brain(self.home)
@@ -79,8 +79,10 @@ def start_served(sample_home: Path, tmp_path: Path) -> Iterator[Callable[..., Se
         if home is None:
             home = tmp_path / f"home-{len(servers)}"
             shutil.copytree(sample_home, home)
-        with (home / "config.toml").open("a", encoding="utf-8") as config:
-            config.write("\n[serve]\nobsidian = true\n")
+        config = home / "config.toml"
+        if "[serve]" not in (config.read_text(encoding="utf-8") if config.exists() else ""):  # served before
+            with config.open("a", encoding="utf-8") as appended:
+                appended.write("\n[serve]\nobsidian = true\n")
         port = free_port()
         env = {k: v for k, v in os.environ.items() if k not in ("LLM_BASE_URL", "LLM_MODEL", "BRAIN_HOME")}
         brain = Path(sys.executable).with_name("brain")
@@ -91,7 +93,7 @@ def start_served(sample_home: Path, tmp_path: Path) -> Iterator[Callable[..., Se
         servers.append(server)
         url = f"http://127.0.0.1:{port}/"
         wait_until_up(url, server)
-        return Served(url, home)
+        return Served(url, home, server)
 
     yield start
     for server in servers:
@@ -334,18 +336,20 @@ def test_new_conversation_is_reliable_from_the_first_moment_and_the_sidebar_keep
     brain = Brain(home)
     brain.ask(FIRST, 3, session="旧对话")
     brain.close()
-    served = start_served(home)
     asked = {0.3: "番茄炒蛋怎么做", 1.0: "docker 怎么清理镜像", 2.5: "rust 的借用规则"}
-    for delay, question in asked.items():  # the first load is the server's first: cold
+    for delay, question in asked.items():  # each on a freshly started server: its first page load is a cold one
+        served = start_served(home)
         browser.get(served.url)
         loaded = time.monotonic()
         button = WebDriverWait(browser, 60, poll_frequency=0.05).until(lambda d: d.find_element(By.ID, "new-session"))
         time.sleep(max(0.0, loaded + delay - time.monotonic()))
         button.click()
+        patient(browser, 120).until(lambda d: "旧对话" in listed(d))  # the page's own load is over
+        assert user_questions(browser) == [], "the load that finished after the click left the new chat alone"
         ask_in_page(browser, question)
         patient(browser, 180).until(lambda d, q=question: questions_alone(d, q))
-    time.sleep(3)  # a load that finished late must not have put the old conversation back
-    assert user_questions(browser) == [asked[2.5]]
+        if delay != 2.5:
+            stop(served.process)
     brain = Brain(home)
     try:
         stored = {s["name"]: s["turns"] for s in brain.sessions()}
