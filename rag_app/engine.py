@@ -519,6 +519,10 @@ class Brain:
     def delete_session(self, name: str) -> None:
         self._sessions.delete(name)
 
+    def new_session_name(self) -> str:
+        """A readable unused name such as "2026-12-01 14:03" (the session exists once a question is asked in it)."""
+        return self._sessions.new_name()
+
     def start_session(self, question: str) -> str:
         """A new conversation, stored at once and named after its first question (numbered when taken): the page
         creates it when that question arrives, so no other chat can end up in it."""

@@ -172,6 +172,15 @@ class SessionStore:
             if conn.execute("DELETE FROM sessions WHERE name = ?", (name,)).rowcount == 0:
                 raise SessionNotFound(f"no session named {name!r}")
 
+    def new_name(self, now: dt.datetime | None = None) -> str:
+        """A readable default ("2026-12-01 14:03"), numbered when a session of that minute exists."""
+        base = (now or dt.datetime.now()).strftime("%Y-%m-%d %H:%M")
+        name, n = base, 1
+        while self.exists(name):
+            n += 1
+            name = f"{base} ({n})"
+        return name
+
     def create(self, title: str) -> str:
         """A new, empty session named after `title` (its first question: one line, at most TITLE_CHARS), numbered
         when that name is taken; created at once, in one transaction, so two new chats never share a name."""

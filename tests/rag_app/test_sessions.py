@@ -85,6 +85,15 @@ def test_names_are_one_to_eighty_printable_characters(tmp_path: Path, name: obje
         SessionStore(tmp_path / "s.sqlite").append(name, turn("q"))  # type: ignore[arg-type]
 
 
+def test_new_names_are_readable_and_unused(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path / "s.sqlite")
+    now = dt.datetime(2026, 12, 1, 14, 3)
+    assert store.new_name(now) == "2026-12-01 14:03"
+    store.append("2026-12-01 14:03", turn("q"))
+    store.append("2026-12-01 14:03 (2)", turn("q"))
+    assert store.new_name(now) == "2026-12-01 14:03 (3)"
+
+
 def test_a_new_session_is_named_after_its_first_question_and_never_shares_a_name(tmp_path: Path) -> None:
     store = SessionStore(tmp_path / "s.sqlite")
     assert store.create("  我想看\n哪些电影？ ") == "我想看 哪些电影？"
