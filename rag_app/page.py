@@ -179,7 +179,7 @@ PAGE_CSS = """
 .brain-strength { display: inline-block; padding: 0 .5em; border-radius: .6em; font-size: .85em; font-weight: 600; }
 .brain-strong { background: rgba(34, 160, 90, .18); color: rgb(20, 120, 60); }
 .brain-related { background: rgba(230, 160, 0, .2); color: rgb(150, 95, 0); }
-.brain-weak, .brain-not-found { background: rgba(120, 120, 120, .18); color: var(--body-text-color-subdued); }
+.brain-weak, .brain-not-found { background: rgba(120, 120, 120, .18); color: rgb(85, 85, 85); }
 /* One way to start fresh: "New conversation". The chat's own trash button would only hide the turns. */
 #chat button[aria-label="Clear"], #chat button[title="Clear"] { display: none; }
 @media (max-width: 768px) {
