@@ -6,7 +6,7 @@ PORT ?= 7860
 export GRADIO_ANALYTICS_ENABLED = False
 export ANONYMIZED_TELEMETRY = False
 
-.PHONY: install test test-slow lint demo bench clean
+.PHONY: install test test-slow lint demo bench clean screenshots
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -51,6 +51,10 @@ demo: install
 	@echo
 	@echo "The chat page: http://127.0.0.1:$(PORT)"
 	$(VENV)/bin/brain --home $(DEMO_HOME) serve --port $(PORT)
+
+# The browser tests again, writing their screenshots over the committed ones in docs/screenshots (the README shows them).
+screenshots: install
+	BRAIN_SCREENSHOTS=$(CURDIR)/docs/screenshots $(VENV)/bin/pytest -q tests/test_app_browser.py
 
 bench: install
 	$(PY) bench/sync_bench.py

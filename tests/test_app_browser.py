@@ -1,7 +1,8 @@
 """The chat page in a real headless Chromium (1400 px and a 400 px phone): `brain serve` as a user starts it, a
 conversation held with an OpenAI-compatible double, kept over a reload, notes opened in the page, nothing fetched;
 conversations in the sidebar (new, rename, delete; "new" reliable from the first moment), a long conversation that
-keeps each question in view, tables and cited passages at phone width. Screenshots go to docs/screenshots/."""
+keeps each question in view, tables and cited passages at phone width. Screenshots go to the folder BRAIN_SCREENSHOTS
+names (`make screenshots`: docs/screenshots/, which the README shows), else to a temporary folder."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -21,11 +23,13 @@ from urllib.parse import unquote
 import pytest
 
 from rag_app.engine import Brain, SessionNotFound
-from tests.conftest import REPO, free_port, stop
+from tests.conftest import free_port, stop
 from tests.doubles.openai_server import OpenAIDouble
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
-SCREENSHOTS = REPO / "docs" / "screenshots"  # what the tests saw, for people to look at (README points here)
+# What the tests saw, for people to look at: `make screenshots` refreshes the committed ones the README points to; a
+# plain test run writes them aside, so it never changes tracked files.
+SCREENSHOTS = Path(os.environ.get("BRAIN_SCREENSHOTS") or Path(tempfile.gettempdir()) / "cflow-brain-screenshots")
 # Offline and quiet: no browser download, no update checks, no first-run pages (see shared/STACK-NOTES.md).
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--no-first-run", "--window-size=1400,1000"]
