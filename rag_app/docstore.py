@@ -13,7 +13,7 @@ import sqlite3
 import threading
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from llama_index.core.storage.docstore.keyval_docstore import KVDocumentStore
 from llama_index.core.storage.kvstore.types import DEFAULT_BATCH_SIZE, DEFAULT_COLLECTION, BaseKVStore
@@ -105,13 +105,26 @@ def open_docstore(settings: Settings) -> KVDocumentStore:
     from llama_index.storage.docstore.postgres import PostgresDocumentStore
     from llama_index.storage.kvstore.postgres import PostgresKVStore
 
+    sync_url, async_url = connection_strings(url)
+    kvstore = PostgresKVStore(connection_string=sync_url, async_connection_string=async_url,
+                              table_name="brain_docstore")
+    return PostgresDocumentStore(kvstore, namespace=NAMESPACE)
+
+
+def connection_strings(url: str) -> tuple[str, str]:
+    """SQLAlchemy's psycopg2 and asyncpg URLs for a postgresql:// URL, its query kept (sslmode=require must never be
+    dropped silently: the connection would fall back to libpq's "prefer"); asyncpg spells sslmode `ssl`. An IPv6
+    host keeps its brackets."""
+    parts = urlsplit(url)
+    host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname
     login = parts.username or ""
     if parts.password:
         login += f":{parts.password}"
-    where = f"{login}@{parts.hostname}:{parts.port or 5432}{parts.path}"
-    kvstore = PostgresKVStore(connection_string=f"postgresql+psycopg2://{where}",
-                              async_connection_string=f"postgresql+asyncpg://{where}", table_name="brain_docstore")
-    return PostgresDocumentStore(kvstore, namespace=NAMESPACE)
+    where = f"{login}@{host}:{parts.port or 5432}{parts.path}"
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    asyncpg = [("ssl" if key == "sslmode" else key, value) for key, value in query]
+    return (f"postgresql+psycopg2://{where}" + (f"?{urlencode(query)}" if query else ""),
+            f"postgresql+asyncpg://{where}" + (f"?{urlencode(asyncpg)}" if asyncpg else ""))
 
 
 def _shown(url: str) -> str:

@@ -15,6 +15,7 @@ from llama_index.core.schema import (
     TextNode,
     TransformComponent,
 )
+from llama_index.core.vector_stores.types import BasePydanticVectorStore, VectorStoreQuery, VectorStoreQueryResult
 
 from rag_app.chunking import Chunk, chunk_id, chunk_markdown
 
@@ -52,20 +53,40 @@ def chunk_node(node_id: str, note_id: str, text: str, metadata: dict[str, Any]) 
     return node
 
 
-def chunking_pipeline(max_chars: int, overlap: int, docstore: Any = None,
-                      vector_store: Any = None) -> IngestionPipeline:
-    """Notes → chunk nodes, no model: the first step of a sync, which makes notes searchable by BM25 at once.
+class NoVectorsYet(BasePydanticVectorStore):
+    """The chunking pipeline's vector store: it holds nothing. LlamaIndex applies docstore upserts only with a vector
+    store attached; without one it falls back to dropping any document whose hash it has seen under any id, so
+    identical text in two notes would index only one of them. A real Chroma store here would make chunking (the step
+    that makes notes searchable by keyword at once) fail whenever Chroma is unreachable; a changed note's old vectors
+    are forgotten by the sync itself (kept a while by content hash, `Manifest.retain_vectors`), and its new ones are
+    written by the fill (`embedding_pipeline`)."""
 
-    With a docstore (`rag_app.docstore`) the pipeline upserts: a Document whose hash the docstore already holds is not
-    chunked again, a changed one replaces its stored version. LlamaIndex applies upserts only with a vector store
-    attached (it deletes a changed document's vectors there); without one it would fall back to dropping any
-    document whose hash it has seen under any id, so identical text in two notes would index only one of them."""
+    stores_text: bool = False
+
+    @property
+    def client(self) -> None:
+        return None
+
+    def add(self, nodes: Sequence[BaseNode], **kwargs: Any) -> list[str]:
+        raise RuntimeError("the chunking pipeline writes no vectors: embedding_pipeline does")
+
+    def delete(self, ref_doc_id: str, **delete_kwargs: Any) -> None:
+        return None
+
+    def query(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
+        raise RuntimeError("the chunking pipeline's store holds no vectors")
+
+
+def chunking_pipeline(max_chars: int, overlap: int, docstore: Any = None) -> IngestionPipeline:
+    """Notes → chunk nodes, no model and no Chroma: the first step of a sync, which makes notes searchable by BM25 at
+    once. With a docstore (`rag_app.docstore`) the pipeline upserts: a Document whose hash the docstore already holds
+    is not chunked again, a changed one replaces its stored version (see `NoVectorsYet`)."""
     from llama_index.core.ingestion import DocstoreStrategy
 
     chunker = MarkdownChunker(max_chars=max_chars, overlap=overlap)
     if docstore is None:
         return IngestionPipeline(transformations=[chunker], disable_cache=True)
-    return IngestionPipeline(transformations=[chunker], docstore=docstore, vector_store=vector_store,
+    return IngestionPipeline(transformations=[chunker], docstore=docstore, vector_store=NoVectorsYet(),
                              docstore_strategy=DocstoreStrategy.UPSERTS, disable_cache=True)
 
 

@@ -339,9 +339,8 @@ class _Applier:
         if self._chunker is None:
             from rag_app.pipeline import chunking_pipeline
 
-            first_model = self._index(fill_order(self.settings.models)[0])
             self._chunker = chunking_pipeline(self.settings.chunk_max_chars, self.settings.chunk_overlap,
-                                              docstore=self.docstore, vector_store=first_model.vector_store())
+                                              docstore=self.docstore)
         self.progress.start(len(records), f"bm25 {source}")
         warnings: list[str] = []
         for start in range(0, len(records), WRITE_BATCH_NOTES):
@@ -745,7 +744,8 @@ def sync_sources(
             applier.finish()
             with manifest.transaction():
                 manifest.purge_retained(time.time() - RETAIN_SECONDS, set(settings.models))
-            _widen_search_beam(settings, manifest)
+            if report.fill_error is None:  # a store that just failed is tried again at the next sync
+                _widen_search_beam(settings, manifest)
         finally:
             applier.close()
             manifest.close()
@@ -804,9 +804,16 @@ def _sync_one(spec: SourceSpec, manifest: Manifest, applier: _Applier, allow_del
     result.skipped = listing.skipped
     for warning in listing.warnings:
         log.warning("%s: %s", spec.name, warning)
+    try:
+        stored = applier.stored_hashes([r.id for r in listing.records if r.id in entries])
+    except Exception as exc:  # the docstore cannot be read (a database down, a bad docstore_url): nothing changed
+        result.failed = True
+        result.error = _one_line(exc, spec.token_env)
+        log.error("source %s: the docstore cannot be read, nothing changed: %s", spec.name, result.error)
+        manifest.record_result(spec.name, asdict(result), succeeded=False)
+        return result
     plan = make_plan(entries, listing.records, listing.kept_ids, applier.chunker_id,
-                     unchanged_ids=listing.unchanged_ids,
-                     stored_hashes=applier.stored_hashes([r.id for r in listing.records if r.id in entries]))
+                     unchanged_ids=listing.unchanged_ids, stored_hashes=stored)
     held = None if allow_deletes else _mass_delete(spec.name, len(entries), plan)
     if held:
         result.failed, result.error, result.deletes_held = True, held, len(plan.deleted)

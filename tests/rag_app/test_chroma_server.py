@@ -105,3 +105,20 @@ def test_writers_and_readers_in_several_processes_share_one_index_through_the_se
     assert compacted.returncode == 0 and report["ok"] is True and report["store"] == url
     assert report["compact"]["bytes_before"] is None and report["compact"]["vacuum"] is None
     assert convergence_problems(home, new, store_url=url) == []
+
+
+def test_a_chroma_server_that_is_down_leaves_new_notes_searchable_by_keyword(home, tmp_path):
+    """Chunking needs neither a model nor Chroma: with the server down a sync still commits the notes' chunks and
+    keyword index (the vectors' failure is reported and retried), so a new note is found by its words."""
+    vault = tmp_path / "notes"
+    vault.mkdir()
+    (vault / "潜水.md").write_text("# 潜水日志\n\n第一次在珊瑚礁潜水，看到了海龟。", encoding="utf-8")
+    brain = Brain(home, store_url=f"http://127.0.0.1:{free_port()}")
+    try:
+        report = brain.sync(vaults=(str(vault),))
+        assert report.fill_error and "Chroma" in report.fill_error
+        assert brain.status()["notes"] == 1
+        found = brain.search("海龟 潜水", mode="bm25", k=3)
+        assert [r["title"] for r in found.results][:1] == ["潜水日志"]
+    finally:
+        brain.close()

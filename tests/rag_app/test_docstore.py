@@ -21,7 +21,14 @@ from llama_index.core.ingestion import DocstoreStrategy, IngestionPipeline
 from llama_index.core.schema import BaseNode, TransformComponent
 
 from rag_app.config import ConfigError, Settings
-from rag_app.docstore import DOCSTORE_FILE, SQLiteKVStore, document_hashes, forget_documents, open_docstore
+from rag_app.docstore import (
+    DOCSTORE_FILE,
+    SQLiteKVStore,
+    connection_strings,
+    document_hashes,
+    forget_documents,
+    open_docstore,
+)
 from rag_app.pipeline import MarkdownChunker
 from readers.records import NoteRecord
 from tests.conftest import free_port
@@ -155,3 +162,10 @@ def test_the_docstore_url_is_a_store_setting(tmp_path: Path) -> None:
     (tmp_path / "config.toml").write_text('[store]\ndocstore_url = "postgresql://brain@db.lan:5433/notes"\n',
                                           encoding="utf-8")
     assert load_settings(tmp_path).docstore_url == "postgresql://brain@db.lan:5433/notes"
+
+
+def test_a_postgres_url_keeps_its_tls_settings_and_ipv6_host() -> None:
+    sync_url, async_url = connection_strings("postgresql://brain@db.example:5433/notes?sslmode=verify-full")
+    assert sync_url == "postgresql+psycopg2://brain@db.example:5433/notes?sslmode=verify-full"
+    assert async_url == "postgresql+asyncpg://brain@db.example:5433/notes?ssl=verify-full"
+    assert connection_strings("postgres://brain@[::1]/notes")[0] == "postgresql+psycopg2://brain@[::1]:5432/notes"

@@ -11,6 +11,7 @@ from rag_app.config import load_settings
 from rag_app.docstore import DOCSTORE_FILE, open_docstore
 from rag_app.engine import Brain
 from rag_app.manifest import Manifest
+from tests.conftest import free_port
 
 NOTES = {
     "a.md": "---\ntitle: Alpha\n---\n# Alpha\n\nTomatoes need sun.",
@@ -110,3 +111,19 @@ def test_a_home_from_before_the_docstore_is_migrated_once_without_re_embedding(h
     assert (source.updated, source.unchanged) == (1, 2)
     assert stored(home) == manifest_hashes(home) and len(stored(home)) == 3
     assert report.vectors == {"use-m3": report.embedded_chunks}  # the edited note's chunks only
+
+
+def test_a_docstore_that_cannot_be_read_fails_its_source_and_keeps_every_note(home, make_vault):
+    """A database down (here a PostgreSQL URL nobody answers) is that source's failure: nothing is deleted or
+    re-chunked, and the run goes on with the next source."""
+    vault = make_vault(NOTES)
+    other = make_vault({"d.md": "# Delta\n\nMulch keeps soil moist."}, name="garden")
+    Brain(home).sync(vaults=(str(vault),))
+    before = manifest_hashes(home)
+    (home / "config.toml").write_text('[embedding]\nmodel = "use-m3"\n\n[store]\ndocstore_url = '
+                                      f'"postgresql://brain@127.0.0.1:{free_port()}/notes"\n', encoding="utf-8")
+    (vault / "b.md").write_text("# Beta\n\nCompost needs worms and time.", encoding="utf-8")
+    report = Brain(home).sync(vaults=(str(vault), str(other)))
+    assert [s.name for s in report.sources] == ["notes", "garden"]
+    assert report.sources[0].failed and "127.0.0.1" in report.sources[0].error
+    assert {k: v for k, v in manifest_hashes(home).items() if k in before} == before
