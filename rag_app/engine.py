@@ -8,7 +8,8 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,6 +59,13 @@ __all__ = ["BackgroundWatch", "Brain", "CaptureError", "ConfigError", "NoteNotFo
 
 log = logging.getLogger("cflow_brain.engine")
 REFRESH_WAIT_SECONDS = 5.0  # a stale check waits this long for listing and keyword index, never for embedding
+
+
+class _RefreshOff(threading.local):
+    active = False  # per thread: see Brain.refresh_off
+
+
+_refresh_off = _RefreshOff()
 
 
 class Brain:
@@ -269,7 +277,7 @@ class Brain:
     ) -> SearchResponse:
         """Hybrid search over every note; see rag_app.retrieve for what each result holds."""
         retriever = self._retriever(k, mode, sources, tags, path_prefix, since, until, variants, expand, audience)
-        freshness = self.refresh_if_stale() if self.auto_refresh else None
+        freshness = self.refresh_if_stale() if self.auto_refresh and not _refresh_off.active else None
         response = retriever.search(query)
         filling = [m for m in self.settings.models if m not in self._search_models]
         if filling:
@@ -350,6 +358,17 @@ class Brain:
             return  # nothing to search yet: the first sync opens what it needs
         for mode in ("bm25", "vector", "vector2")[: 1 + len(self._complete_models())]:
             self.search("warm up 预热", 1, mode=mode, expand=False)
+
+    @contextmanager
+    def refresh_off(self) -> Iterator[None]:
+        """On this thread, for the block: no stale check before a search, whatever auto_refresh says (a warm engine
+        runs a CLI command so, as the CLI in its own process would run it)."""
+        was = _refresh_off.active
+        _refresh_off.active = True
+        try:
+            yield
+        finally:
+            _refresh_off.active = was
 
     def refresh_if_stale(self) -> dict[str, Any] | None:
         """For long-running shells (page, MCP) without a watcher: when a source's last sync is older than

@@ -18,7 +18,12 @@ runs in-process and says nothing: that is the in-process path, output included.
 
 The client half (`main`, the `brain` entry point) imports only the standard library before it has tried the socket.
 
-Wire: newline-delimited JSON. Client → server, one request {"argv", "home", "store_url", "env", "cwd", "tty"}.
+The server runs what it loaded at start: a client whose environment (env_fingerprint) or `<home>/config.toml`
+(config_fingerprint) differs from what the server started with is refused, and runs in its own process. Served
+commands never start a background refresh of stale sources (the in-process CLI never does).
+
+Wire: newline-delimited JSON. Client → server, one request {"argv", "home", "store_url", "env", "config", "cwd",
+"tty"}.
 Server → client: {"accepted": {"server", "pid"}} or {"refused": reason}; then {"out": text} / {"err": text} frames
 as the command writes; then {"exit": code}.
 """
@@ -44,6 +49,11 @@ NO_DAEMON_ENV = "BRAIN_NO_DAEMON"
 # server's runs in-process, where its own environment applies. The home and the store are compared on their own.
 ENV_PREFIXES = ("BRAIN_", "CFLOW_", "LLM_", "EMBEDDING_", "OPENAI_")
 ENV_COMPARED_APART = frozenset({"BRAIN_HOME", "BRAIN_STORE_URL", NO_DAEMON_ENV})
+# Compared too, outside the prefixes above: the models' hub (HF_HOME, HF_HUB_OFFLINE, HF_TOKEN, ...) and the tokens a
+# source's `token_env` may name (MEMOS_TOKEN by default), which `get` uses to read a note from its source.
+ENV_ALSO_PREFIXES = ("HF_",)
+ENV_ALSO_SUFFIXES = ("_TOKEN",)
+CONFIG_FILE = "config.toml"  # rag_app.config.CONFIG_FILE (a test keeps the two equal)
 ACCEPT_SECONDS = 10.0  # a server that does not take a request within this is treated as gone
 MAX_REQUEST_BYTES = 1_000_000
 _TRUE = frozenset({"1", "true", "t", "yes", "y", "on"})
@@ -55,8 +65,20 @@ def socket_path(home: Path) -> Path:
 
 def env_fingerprint(environ: dict[str, str] | os._Environ[str]) -> str:
     """A digest of the variables that change a command's answer (never the values themselves on the wire)."""
-    chosen = sorted((k, v) for k, v in environ.items() if k.startswith(ENV_PREFIXES) and k not in ENV_COMPARED_APART)
+    chosen = sorted((k, v) for k, v in environ.items()
+                    if (k.startswith(ENV_PREFIXES) and k not in ENV_COMPARED_APART)
+                    or k.startswith(ENV_ALSO_PREFIXES) or k.endswith(ENV_ALSO_SUFFIXES))
     return hashlib.sha256(json.dumps(chosen).encode()).hexdigest()
+
+
+def config_fingerprint(home: Path) -> str:
+    """A digest of `<home>/config.toml` as it is now ("absent" without one, "unreadable" when it cannot be read)."""
+    try:
+        return hashlib.sha256((home / CONFIG_FILE).read_bytes()).hexdigest()
+    except FileNotFoundError:
+        return "absent"
+    except OSError:
+        return "unreadable"
 
 
 def default_home() -> Path:
@@ -108,7 +130,7 @@ def warm_request(argv: list[str], environ: dict[str, str] | os._Environ[str]) ->
     args = argv[at:]
     if no_daemon or not args or args[0] not in WARM_COMMANDS:
         return None
-    if any(a in ("-h", "--help", "--queries") or a.startswith("--queries=") for a in args[1:]):
+    if _refused_args(args[1:]):
         return None
     home_path = Path(home).expanduser() if home else default_home()
     return WarmRequest(home_path.absolute(), store_url, args)
@@ -151,8 +173,7 @@ def ask_warm(request: WarmRequest, stdout: TextIO, stderr: TextIO) -> int | None
         except OSError:  # a stale socket (refused), gone meanwhile, or a path too long for AF_UNIX
             return None
         tty = [stdout.isatty(), stderr.isatty()]
-        message = {"argv": request.args, "home": str(request.home), "store_url": request.store_url,
-                   "env": env_fingerprint(os.environ), "cwd": os.getcwd(), "tty": tty}
+        message = request_message(request, tty)
         try:
             conn.sendall(json.dumps(message, ensure_ascii=False).encode() + b"\n")
             frames = conn.makefile("r", encoding="utf-8")
@@ -186,6 +207,19 @@ def ask_warm(request: WarmRequest, stdout: TextIO, stderr: TextIO) -> int | None
                         held[name].append(frame[name])
     finally:
         conn.close()
+
+
+def request_message(request: WarmRequest, tty: list[bool]) -> dict[str, Any]:
+    """What the client sends for `request` (see the wire in the module's docstring)."""
+    return {"argv": request.args, "home": str(request.home), "store_url": request.store_url,
+            "env": env_fingerprint(os.environ), "config": config_fingerprint(request.home), "cwd": os.getcwd(),
+            "tty": tty}
+
+
+def _refused_args(args: list[str]) -> bool:
+    """Arguments that run the command in the caller's process: help and version (click's own output) and
+    `search --queries` (it reads a file relative to the caller's folder, or the caller's stdin)."""
+    return any(a in ("-h", "--help", "--version", "--queries") or a.startswith("--queries=") for a in args)
 
 
 def _frame(frames: Any) -> dict[str, Any]:
@@ -314,6 +348,7 @@ class WarmEngine:
         self.run = run
         self.store_url = store_url
         self.env = env_fingerprint(os.environ)
+        self.config = config_fingerprint(self.home)  # what the Brain loaded (its settings are read once, at start)
         self.log = logging.getLogger("cflow_brain.warm")
         self._stop = threading.Event()
         self._listener: socket.socket | None = None
@@ -373,7 +408,8 @@ class WarmEngine:
 
         began = time.monotonic()
         try:
-            self.brain.warm_up()
+            with self.brain.refresh_off():  # loading the models, not syncing stale sources
+                self.brain.warm_up()
             self.log.info("warm engine: warmed up in %.1f s", time.monotonic() - began)
         except Exception:  # an index not built yet, a model that fails: the first command meets it, as in-process
             self.log.warning("warm engine: warming up failed", exc_info=True)
@@ -430,13 +466,19 @@ class WarmEngine:
         import traceback
 
         with conn:
+            peer = _peer(conn)
+            if peer[1] is not None and peer[1] != os.geteuid():
+                _send_raw(conn, {"refused": "another user"})  # before reading a byte of what it sends
+                return
             conn.settimeout(ACCEPT_SECONDS)
             try:
                 request = json.loads(conn.makefile("rb").readline(MAX_REQUEST_BYTES))
-            except (OSError, ValueError):
+            except OSError:
                 return
-            peer = _peer(conn)
-            reason = self._refusal(request, peer)
+            except (ValueError, RecursionError):  # not JSON, or nested too deep to parse
+                _send_raw(conn, {"refused": "not a request"})
+                return
+            reason = self._refusal(request)
             if reason is not None:
                 _send_raw(conn, {"refused": reason})
                 return
@@ -448,7 +490,8 @@ class WarmEngine:
             began = time.monotonic()
             _answering.client = client
             try:
-                code = self.run(["--home", str(self.home), *request["argv"]])
+                with self.brain.refresh_off():  # as in-process: a served command never starts a background sync
+                    code = self.run(["--home", str(self.home), *request["argv"]])
             except Exception:  # as in-process: the traceback on the caller's stderr, exit 1
                 sys.stderr.write(traceback.format_exc())
                 code = 1
@@ -458,10 +501,9 @@ class WarmEngine:
                           time.monotonic() - began)
             client.send({"exit": code})
 
-    def _refusal(self, request: Any, peer: tuple[int | None, int | None]) -> str | None:
-        """Why this request is run in the client's own process instead, or None to run it here."""
-        if peer[1] is not None and peer[1] != os.geteuid():
-            return "another user"
+    def _refusal(self, request: Any) -> str | None:
+        """Why this request is run in the client's own process instead, or None to run it here (the client's own
+        exclusions repeated: a request need not come from `brain`)."""
         if not isinstance(request, dict):
             return "not a request"
         argv = request.get("argv")
@@ -469,6 +511,8 @@ class WarmEngine:
             return "not a command line"
         if argv[0] not in WARM_COMMANDS:
             return f"`{argv[0]}` runs in the caller's process"
+        if _refused_args(argv[1:]):
+            return "help, version and --queries run in the caller's process"
         try:
             same_home = Path(str(request.get("home"))).resolve() == self.home.resolve()
         except OSError:
@@ -479,6 +523,8 @@ class WarmEngine:
             return "another store"
         if request.get("env") != self.env:
             return "another environment"
+        if request.get("config") != self.config:
+            return f"{self.home / CONFIG_FILE} changed since the server started"
         return None
 
 

@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from rag_app import cli, warm_engine
-from rag_app.config import load_settings
+from rag_app.config import CONFIG_FILE, load_settings
 from rag_app.engine import Brain
 from tests.conftest import REPO, as_an_ordinary_user, stop
 from tests.doubles.openai_server import OpenAIDouble
@@ -351,6 +351,136 @@ def test_a_request_for_another_home_store_or_environment_is_refused(tmp_path: Pa
         assert path.is_socket()
 
 
+def test_a_changed_config_runs_in_process(tmp_path: Path):
+    """The server runs on the config.toml it loaded at start: once the file changes (or goes, or comes) a client runs
+    in its own process, where the new config applies; the same content again is served again."""
+    home = tmp_path / "home"
+    home.mkdir()
+    config = home / CONFIG_FILE
+    config.write_text('[embedding]\nmodel = "use-m3"\n', encoding="utf-8")
+    request = warm_engine.WarmRequest(home, "", ["status"])
+    with warm_engine.serving(Brain(home), "test", printing_run, ""):
+        assert warm_engine.ask_warm(request, io.StringIO(), io.StringIO()) == 7
+        config.write_text('[embedding]\nmodel = "use-m3"\n[llm]\nmodel = "qwen2.5"\n', encoding="utf-8")
+        assert warm_engine.ask_warm(request, io.StringIO(), io.StringIO()) is None
+        assert hand_made(home, ["status"])[0] == {"refused": f"{home.absolute() / CONFIG_FILE} changed since the "
+                                                              "server started"}
+        config.unlink()
+        assert warm_engine.ask_warm(request, io.StringIO(), io.StringIO()) is None
+        config.write_text('[embedding]\nmodel = "use-m3"\n', encoding="utf-8")
+        assert warm_engine.ask_warm(request, io.StringIO(), io.StringIO()) == 7
+    other = tmp_path / "other"
+    with warm_engine.serving(Brain(other), "test", printing_run, ""):  # no config.toml when it started
+        request = warm_engine.WarmRequest(other, "", ["status"])
+        assert warm_engine.ask_warm(request, io.StringIO(), io.StringIO()) == 7
+        (other / CONFIG_FILE).write_text("[llm]\nmax_retries = 0\n", encoding="utf-8")
+        assert warm_engine.ask_warm(request, io.StringIO(), io.StringIO()) is None
+
+
+@pytest.mark.parametrize(("name", "value"), [("MEMOS_TOKEN", "memos-token-0123"), ("HF_ENDPOINT", "http://127.0.0.1:9"),
+                                             ("MY_NOTES_TOKEN", "t0123456789")])
+def test_tokens_and_the_model_hub_are_part_of_the_environment(tmp_path: Path, monkeypatch, name: str, value: str):
+    home = tmp_path / "home"
+    monkeypatch.delenv(name, raising=False)
+    request = warm_engine.WarmRequest(home, "", ["get", "x"])
+    with warm_engine.serving(Brain(home), "test", printing_run, ""):
+        assert warm_engine.ask_warm(request, io.StringIO(), io.StringIO()) == 7
+        monkeypatch.setenv(name, value)
+        assert warm_engine.ask_warm(request, io.StringIO(), io.StringIO()) is None
+        monkeypatch.delenv(name)
+        assert warm_engine.ask_warm(request, io.StringIO(), io.StringIO()) == 7
+
+
+def test_a_served_search_never_refreshes_stale_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """`brain serve`/`brain mcp` without --watch refresh stale sources before their own searches; a CLI command they
+    serve must answer as in its own process: no background sync, no coverage.freshness."""
+    for name in [k for k in os.environ if k.startswith(warm_engine.ENV_PREFIXES)]:
+        monkeypatch.delenv(name)  # no LLM: `ask` answers with passages
+    vault = tmp_path / "vault"
+    vault.mkdir()
+    (vault / "a.md").write_text("# Alpha\n\nthe first note about gardening\n", encoding="utf-8")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / CONFIG_FILE).write_text('[embedding]\nmodel = "use-m3"\nsecond_model = ""\n[sync]\nstale_seconds = 1\n',
+                                    encoding="utf-8")
+    served_brain = Brain(home)
+    assert not served_brain.sync(vaults=(str(vault),)).failed
+    time.sleep(1.5)  # every source is now stale
+    served_brain.auto_refresh = True
+    try:
+        with warm_engine.serving(served_brain, "brain serve", cli._run_served, ""):
+            for args in (["search", "gardening", "--json", "--mode", "bm25"], ["ask", "gardening", "--json"]):
+                out, err = io.StringIO(), io.StringIO()
+                assert warm_engine.ask_warm(warm_engine.WarmRequest(home, "", args), out, err) == 0, err.getvalue()
+                answer = json.loads(out.getvalue())
+                assert answer.get("results") or answer.get("citations"), answer
+                assert "freshness" not in answer["coverage"], answer["coverage"]
+            assert served_brain._refreshing is None  # no background sync was started
+        # the server's own searches (the page's, MCP's) still refresh
+        assert served_brain.search("gardening", mode="bm25").coverage["freshness"]["checked"] is True
+    finally:
+        if served_brain._refreshing is not None:
+            served_brain._refreshing.join(60)
+        served_brain.close()
+
+
+def hand_made(home: Path, argv: list[str], raw: bytes | None = None, timeout: float = 10) -> list[dict]:
+    """The frames a warm engine sends for a request made by hand (not by `brain`): as `brain` would send it for
+    `argv`, or the bytes `raw`."""
+    message = warm_engine.request_message(warm_engine.WarmRequest(home.absolute(), "", argv), [False, False])
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(timeout)
+        conn.connect(str(warm_engine.socket_path(home)))
+        conn.sendall(json.dumps(message).encode() + b"\n" if raw is None else raw)
+        frames = [json.loads(line) for line in conn.makefile("r", encoding="utf-8")]
+    return frames
+
+
+def test_the_server_repeats_the_clients_exclusions(tmp_path: Path):
+    """Help, version and --queries (which reads the caller's stdin or a file relative to the caller's folder) never
+    run in the server, even when a request asks for them."""
+    home = tmp_path / "home"
+    ran: list[list[str]] = []
+
+    def recording(argv: list[str]) -> int:
+        ran.append(argv)
+        return printing_run(argv)
+
+    with warm_engine.serving(Brain(home), "test", recording, ""):
+        assert hand_made(home, ["status"])[-1] == {"exit": 7}  # a hand-made request the server does run
+        for argv in (["search", "--queries", "-"], ["search", "--queries=q.jsonl"], ["search", "x", "--help"],
+                     ["status", "-h"], ["get", "--version"]):
+            frames = hand_made(home, argv)
+            assert len(frames) == 1 and "refused" in frames[0], (argv, frames)
+    assert ran == [["--home", str(home.absolute()), "status"]]
+
+
+def test_another_users_request_is_refused_before_it_is_read(tmp_path: Path, monkeypatch):
+    home = tmp_path / "home"
+    with warm_engine.serving(Brain(home), "test", printing_run, ""):
+        monkeypatch.setattr(warm_engine, "_peer", lambda conn: (12345, os.geteuid() + 1))
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:  # connects and sends nothing
+            conn.settimeout(3)  # well under ACCEPT_SECONDS: the answer must not wait for a request
+            conn.connect(str(warm_engine.socket_path(home)))
+            assert json.loads(conn.makefile("r", encoding="utf-8").readline()) == {"refused": "another user"}
+
+
+def test_a_request_nested_too_deep_is_refused_and_the_server_goes_on(tmp_path: Path):
+    home = tmp_path / "home"
+    crashed: list[threading.ExceptHookArgs] = []
+    hook = threading.excepthook
+    threading.excepthook = crashed.append
+    try:
+        with warm_engine.serving(Brain(home), "test", printing_run, ""):
+            assert hand_made(home, [], raw=b"[" * 200_000 + b"\n") == [{"refused": "not a request"}]
+            assert hand_made(home, [], raw=b"{not json\n") == [{"refused": "not a request"}]
+            assert warm_engine.ask_warm(warm_engine.WarmRequest(home, "", ["status"]), io.StringIO(),
+                                        io.StringIO()) == 7
+    finally:
+        threading.excepthook = hook
+    assert crashed == []
+
+
 # ------------------------------------------------------------------------------------------------ the client's side
 
 
@@ -381,6 +511,7 @@ def test_which_command_lines_try_the_warm_engine(argv, env, expected, tmp_path: 
 
 
 def test_the_client_finds_the_home_the_engine_would_open(monkeypatch, tmp_path: Path):
+    assert warm_engine.CONFIG_FILE == CONFIG_FILE
     monkeypatch.delenv("BRAIN_HOME", raising=False)
     assert warm_engine.default_home() == load_settings().home
     monkeypatch.setenv("BRAIN_HOME", str(tmp_path / "h"))
@@ -391,6 +522,7 @@ def test_trying_the_warm_engine_imports_no_engine():
     """`brain search` with a warm engine must not pay for LlamaIndex, Chroma, jieba or the engine before it asks."""
     code = ("import sys; from rag_app import warm_engine; warm_engine.warm_request(['search', 'x'], {}); "
             "warm_engine.own_socket(warm_engine.default_home()); "
+            "warm_engine.request_message(warm_engine.WarmRequest(warm_engine.default_home(), '', ['x']), []); "
             "heavy = [m for m in ('llama_index', 'chromadb', 'jieba', 'torch', 'rag_app.engine', 'rag_app.cli', "
             "'pydantic', 'numpy') if m in sys.modules]; print(heavy)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
