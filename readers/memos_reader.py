@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from llama_index.core.readers.base import BaseReader
-from llama_index.core.schema import Document
-
+from readers.listing_reader import ListingReader
 from readers.memos_client import MemosClient, fetch_memos, token_from_env
 from readers.records import SourceListing
 
 
-class MemosReader(BaseReader):
+class MemosReader(ListingReader):
     """Reads the memos a token can see on a Memos (or CFlow) server as Documents, one per memo: all, or what changed.
 
     Speaks every API generation (v0.14 to current). Each Document has `id_ = "memos:<source>/<uid>"` (`<uid>` is the
@@ -64,29 +62,7 @@ class MemosReader(BaseReader):
     def __repr__(self) -> str:
         return f"MemosReader({self.base_url!r}, token={'set' if self._token else 'none'}, source={self.source!r})"
 
-    def lazy_load_data(self) -> Iterator[Document]:
-        """New and changed memos (every memo when nothing is `known`), once the whole server has been listed."""
+    def _list(self) -> SourceListing:
         with MemosClient(self.base_url, self._token, **self._limits) as client:
-            self.listing = fetch_memos(self.base_url, None, source=self.source, include_archived=self.include_archived,
-                                       include_comments=self.include_comments, client=client, known=self.known)
-        for record in self.listing.records:
-            yield record.to_document()
-
-    def load_data(self) -> list[Document]:
-        return list(self.lazy_load_data())
-
-    @property
-    def warnings(self) -> list[str]:
-        return self.listing.warnings
-
-    @property
-    def gone_ids(self) -> set[str]:
-        return self.listing.gone_ids
-
-    @property
-    def unchanged_ids(self) -> set[str]:
-        return self.listing.unchanged_ids
-
-    @property
-    def kept_ids(self) -> set[str]:
-        return self.listing.kept_ids
+            return fetch_memos(self.base_url, None, source=self.source, include_archived=self.include_archived,
+                               include_comments=self.include_comments, client=client, known=self.known)

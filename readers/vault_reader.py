@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
-from llama_index.core.readers.base import BaseReader
-from llama_index.core.schema import Document
-
+from readers.listing_reader import ListingReader
 from readers.records import SourceListing
 from readers.vault_scanner import DEFAULT_MAX_BYTES, VaultScanner
 
 
-class VaultReader(BaseReader):
+class VaultReader(ListingReader):
     """Reads the `.md` notes of a vault as Documents, one per note: all of them, or only what changed.
 
     Each Document has `id_ = "vault:<vault name>/<path relative to the vault>"`, the note body (frontmatter removed)
@@ -54,32 +52,5 @@ class VaultReader(BaseReader):
     def name(self) -> str:
         return self._scanner.name
 
-    def lazy_load_data(self) -> Iterator[Document]:
-        """New and changed notes (every note when nothing is `known`), once the whole vault has been listed."""
-        self.listing = self._scanner.scan(self.known)
-        for record in self.listing.records:
-            yield record.to_document()
-
-    def load_data(self) -> list[Document]:
-        return list(self.lazy_load_data())
-
-    @property
-    def warnings(self) -> list[str]:
-        return self.listing.warnings
-
-    @property
-    def gone_ids(self) -> set[str]:
-        return self.listing.gone_ids
-
-    @property
-    def unchanged_ids(self) -> set[str]:
-        return self.listing.unchanged_ids
-
-    @property
-    def kept_ids(self) -> set[str]:
-        return self.listing.kept_ids
-
-    @property
-    def signatures(self) -> dict[str, str]:
-        """note id → `file_signature` of each note read this time (notes read with a warning have none)."""
-        return self.listing.signatures
+    def _list(self) -> SourceListing:
+        return self._scanner.scan(self.known)
