@@ -499,10 +499,15 @@ class Brain:
             try:
                 condensed = standalone_from_reply(str(llm.complete(condense_prompt(question, history))))
             except Exception as exc:  # unreachable: the answer falls back to passages, and says why
-                return condense_without_llm(question, history), error_reason(exc, secret)
+                return condense_without_llm(question, history, self._stands_alone(question)), error_reason(exc, secret)
             if condensed:
                 return condensed, None
-        return condense_without_llm(question, history), None
+        return condense_without_llm(question, history, self._stands_alone(question)), None
+
+    def _stands_alone(self, question: str) -> bool:
+        """The question's own best note is strong: it may start a new subject (sessions.condense_without_llm)."""
+        found = self.search(question, 1, expand=False)
+        return bool(found.results) and found.results[0]["strength"] == "strong"
 
     @staticmethod
     def _history_messages(history: list[dict[str, Any]], budget: int) -> list[Any]:

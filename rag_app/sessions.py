@@ -223,9 +223,23 @@ def subject_of(turn: dict[str, Any]) -> list[str]:
     return list({t.lower(): t for t in reversed([*titles, *content_words(searched)])}.values())[::-1][:SUBJECT_TERMS]
 
 
-def condense_without_llm(question: str, history: list[dict[str, Any]]) -> str:
-    """The follow-up, then the subject of the last turn it does not already name."""
-    if not history:
+# A question that points back at the conversation: 那/这/它…, a trailing 呢, an ordinal (第二部, 第3本), English
+# pronouns and "what about". Such a question needs the last turn's subject even when it matches a note by itself.
+_REFERS_BACK = re.compile(
+    r"^(?:那|那么|这|这个|那个|这些|那些|它|它们|他|她|他们|她们|其)|呢[？?]?\s*$|第[一二三四五六七八九十两\d]+[部本个篇条次集季章]"
+    r"|(?i:\b(?:it|its|they|them|their|that one|this one|those|these|what about|how about|and the)\b)")
+
+
+def refers_back(question: str) -> bool:
+    """Whether a question leans on what came before (see _REFERS_BACK)."""
+    return bool(_REFERS_BACK.search(question.strip()))
+
+
+def condense_without_llm(question: str, history: list[dict[str, Any]], stands_alone: bool = False) -> str:
+    """The follow-up, then the subject of the last turn it does not already name; a question that `stands_alone`
+    (the notes answer it strongly by itself) and does not refer back starts a new subject and is searched as asked:
+    猫咪日常 after a turn on yearly goals is about cats, not goals."""
+    if not history or (stands_alone and not refers_back(question)):
         return question
     carried = [t for t in subject_of(history[-1]) if t.lower() not in question.lower()]
     return " ".join([question, *carried]).strip()

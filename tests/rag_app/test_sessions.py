@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rag_app.engine import Brain, SessionError, SessionNotFound
-from rag_app.sessions import SessionStore, condense_without_llm, subject_of
+from rag_app.sessions import SessionStore, condense_without_llm, refers_back, subject_of
 from tests.conftest import REPO, SAMPLE_VAULT
 from tests.doubles.openai_server import OpenAIDouble
 
@@ -144,6 +144,31 @@ def test_without_an_llm_a_follow_up_keeps_the_subject_of_the_last_turn() -> None
     assert subject_of(cited_by_llm) == ["成都三日", "成都", "旅行"]
     assert condense_without_llm("成都好玩吗", [cited_by_llm]) == "成都好玩吗 成都三日 旅行"
     assert condense_without_llm(FIRST, []) == FIRST
+
+
+@pytest.mark.parametrize(("question", "leans_back"), [
+    ("那第三部呢？", True), ("第二部是谁导演的？", True), ("它的评分是多少", True),
+    ("what about the second one?", True), ("How do I deploy it", True),
+    ("番茄炒蛋怎么做", False), ("猫咪日常", False), ("docker 怎么删除停止的容器", False),
+])
+def test_a_question_that_refers_back_is_told_from_one_that_starts_afresh(question: str, leans_back: bool) -> None:
+    assert refers_back(question) is leans_back
+
+
+def test_without_an_llm_a_question_the_notes_answer_by_itself_starts_a_new_subject() -> None:
+    first = {"question": FIRST, "answer": "…", "coverage": {},
+             "citations": [{"n": 1, "title": "电影清单", "strength": "strong"}]}
+    assert condense_without_llm("番茄炒蛋怎么做", [first], stands_alone=True) == "番茄炒蛋怎么做"
+    assert condense_without_llm("番茄炒蛋怎么做", [first], stands_alone=False).startswith("番茄炒蛋怎么做 电影清单")
+    assert condense_without_llm("那第三部呢？", [first], stands_alone=True).startswith("那第三部呢？ 电影清单")
+
+
+def test_a_new_subject_in_a_conversation_is_searched_as_asked(talk_home: Path) -> None:
+    brain = Brain(talk_home)
+    brain.ask(FIRST, 3, session="films")
+    recipe = brain.ask("番茄炒蛋怎么做", 3, session="films")
+    assert recipe.coverage["condensed_query"] == "番茄炒蛋怎么做"
+    assert recipe.citations[0]["title"] == "番茄炒蛋"
 
 
 def test_a_follow_up_finds_the_note_of_the_conversation_not_the_words_alone(talk_home: Path) -> None:
