@@ -351,6 +351,13 @@ class Brain:
         return NoteFusionRetriever(self.searcher, k, mode=mode, filters=filters, llm=llm, variants=variants,
                                    lock=self._lock)
 
+    @staticmethod
+    def load_libraries() -> None:
+        """Import LlamaIndex on the calling thread, before a long-running shell starts its threads: its package imports
+        form cycles, and two threads importing it for the first time at once see each other's half-initialised modules
+        ("ImportError: ... partially initialized module"), which failed a capture's sync while the warm-up searched."""
+        import llama_index.core  # noqa: F401
+
     def warm_up(self) -> None:
         """Open the search index and load every channel (BM25 and jieba, each dense model) before anyone asks, so that
         a long-running shell's first search is as quick as the next (the warm engine does this when it starts)."""

@@ -394,6 +394,7 @@ class WarmEngine:
             self._release_lock()
             return self._not_serving(f"{path}: {exc.strerror or exc}")
         self._listener, self._bound = listener, (info.st_dev, info.st_ino)
+        self.brain.load_libraries()  # before any thread of this process can import them (see Brain.load_libraries)
         self._streams = (sys.stdout, sys.stderr)
         sys.stdout, sys.stderr = _Routed(sys.stdout, "out"), _Routed(sys.stderr, "err")  # type: ignore[assignment]
         self._thread = threading.Thread(target=self._accept, name="brain-warm-engine", daemon=True)
