@@ -1,5 +1,5 @@
 """Launcher for the chat page (the Hugging Face Spaces convention: `python app.py`). The page itself is
-rag_app.page, installed with the package; `brain serve` starts the same page with flags.
+rag_app.shells.page, installed with the package; `brain serve` starts the same page with flags.
 
 Environment: BRAIN_HOME (the index), GRADIO_SERVER_NAME / GRADIO_SERVER_PORT (default 127.0.0.1:7860; any other
 host needs BRAIN_UI_USER and BRAIN_UI_PASSWORD)."""
@@ -10,7 +10,7 @@ import os
 import sys
 
 from rag_app.engine import Brain, ConfigError
-from rag_app.page import serve
+from rag_app.shells.page import serve
 
 
 def main() -> int:

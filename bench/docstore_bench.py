@@ -1,4 +1,4 @@
-"""Docstore benchmark: the SQLite KVDocumentStore (rag_app.docstore) against LlamaIndex's DuckDB docstore.
+"""Docstore benchmark: the SQLite KVDocumentStore (rag_app.index.docstore) against LlamaIndex's DuckDB docstore.
 
 Writes N note Documents (deterministic mixed Chinese/English text, ~1.7 kB each: a 4-chunk note of the 100k-chunk
 scale vault) the way a sync does (batches of 500: `set_document_hashes` + `add_documents`), then measures what a sync
@@ -57,7 +57,7 @@ def open_store(kind: str, path: Path):
     if kind == "sqlite":
         from llama_index.core.storage.docstore.keyval_docstore import KVDocumentStore
 
-        from rag_app.docstore import SQLiteKVStore
+        from rag_app.index.docstore import SQLiteKVStore
 
         return KVDocumentStore(SQLiteKVStore(path / "docstore.sqlite"), namespace="notes")
     from llama_index.storage.docstore.duckdb import DuckDBDocumentStore

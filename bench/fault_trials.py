@@ -3,7 +3,7 @@
 A trial converges when Chroma ids == manifest chunk ids == chunk rows == BM25 ids, the docstore holds exactly the
 manifest's notes with their hashes, nothing is duplicated and every note is found by its title. A Memos fault must
 leave every store exactly as it was, say so in one line, never show the token, retry a bounded number of times, and
-the next clean sync must succeed. tests/rag_app/test_faults.py runs
+the next clean sync must succeed. tests/rag_app/ingest/test_faults.py runs
 the same trials a few times; this repeats them and prints a tally.
 
 usage: python bench/fault_trials.py [--kills 10] [--memos 10] [--notes 60] [--seed 0]
@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 
 from tests.doubles.memos_server import MemosDouble, seed_memos  # noqa: E402 - the repo's own Memos double
 
-BRAIN = [sys.executable, "-m", "rag_app.cli"]
+BRAIN = [sys.executable, "-m", "rag_app.shells.cli"]
 TOKEN = "memos_pat_test"
 FAST_CONFIG = '[embedding]\nmodel = "use-m3"\n'
 SYLLABLES = ("ka", "zo", "mi", "tu", "rex", "vo", "li", "qua", "ne", "dro", "fi", "sul")
@@ -108,7 +108,7 @@ def manifest_notes(home: Path) -> int:
 def snapshot(home: Path, store_url: str = "") -> dict[str, Any]:
     """Everything a sync writes, read straight from each store: Chroma ids, notes rows, chunk rows, bm25/ids.json."""
     from rag_app.config import load_settings
-    from rag_app.store import open_chroma
+    from rag_app.index.store import open_chroma
 
     client = open_chroma(load_settings(home, store_url=store_url or None))
     vectors = [i for collection in client.list_collections() for i in collection.get(include=[])["ids"]]
@@ -124,8 +124,9 @@ def snapshot(home: Path, store_url: str = "") -> dict[str, Any]:
 
 
 def docstore_hashes(home: Path) -> dict[str, str]:
-    """note id → hash as the home's docstore holds them (rag_app.docstore: one kv table, hashes in `notes/metadata`)."""
-    from rag_app.docstore import DOCSTORE_FILE, NAMESPACE
+    """note id → hash as the home's docstore holds them (index/docstore.py: one kv table, hashes in
+    `notes/metadata`)."""
+    from rag_app.index.docstore import DOCSTORE_FILE, NAMESPACE
 
     if not (home / DOCSTORE_FILE).exists():
         return {}

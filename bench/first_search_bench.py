@@ -129,8 +129,8 @@ def collection_ids(home: Path) -> dict[str, set[str]]:
     """Chunk ids per Chroma collection, and the manifest's chunk ids, of one home."""
     import sqlite3
 
-    from rag_app.store import collection_ids as ids_of
-    from rag_app.store import open_chroma
+    from rag_app.index.store import collection_ids as ids_of
+    from rag_app.index.store import open_chroma
 
     brain = Brain(home)
     client = open_chroma(brain.settings)

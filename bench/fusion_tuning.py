@@ -1,8 +1,8 @@
 """Offline fusion workbench: cache each channel's ranked chunks per query once, then score fusion settings in seconds.
 
 Not the benchmark (that is retrieval_bench.py, through the real search path); this is the workbench behind the
-defaults in RetrievalConfig. It scores the real fusion code (`rag_app.retrieve.fuse_query`) over cached lists: BM25,
-e5 and the second dense channel of the default home, plus which query words each candidate contains.
+defaults in RetrievalConfig. It scores the real fusion code (`rag_app.search.retrieve.fuse_query`) over cached
+lists: BM25, e5 and the second dense channel of the default home, plus which query words each candidate contains.
 
 usage: python bench/fusion_tuning.py [--model e5-small] [--set key=value ...] [--kinds] SET...
 """
@@ -24,9 +24,9 @@ from eval_sets import load_set, materialise, ready_home  # noqa: E402
 from metrics import summarise  # noqa: E402
 
 from rag_app.config import FAST_EMBEDDING, Settings, load_settings  # noqa: E402
-from rag_app.keyword import tokenize  # noqa: E402
-from rag_app.query import RetrievalConfig  # noqa: E402
-from rag_app.retrieve import KeywordRetriever, QueryTerms, SearchIndex, VectorRetriever, fuse_query  # noqa: E402
+from rag_app.index.keyword import tokenize  # noqa: E402
+from rag_app.search.query import RetrievalConfig  # noqa: E402
+from rag_app.search.retrieve import KeywordRetriever, QueryTerms, SearchIndex, VectorRetriever, fuse_query  # noqa: E402
 
 OUT = Path(__file__).parent / "out"
 CACHE_VERSION = 2

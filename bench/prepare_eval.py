@@ -31,8 +31,8 @@ def main() -> None:
         (home / "config.toml").write_text(f'[embedding]\nmodel = "{args.model}"\n', encoding="utf-8")
         print(f"== {name} ({len(eval_set.path_to_doc)} docs) → {home}", flush=True)
         subprocess.run(
-            [sys.executable, "-m", "rag_app.cli", "--home", str(home), "sync", "--vault", str(eval_set.vault_dir),
-             "--no-progress"],
+            [sys.executable, "-m", "rag_app.shells.cli", "--home", str(home), "sync", "--vault",
+             str(eval_set.vault_dir), "--no-progress"],
             check=True,
         )
 

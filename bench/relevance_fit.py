@@ -1,12 +1,12 @@
-"""Fit and measure the relevance model (rag_app/relevance.py) on an answerability set built from the dev sets.
+"""Fit and measure the relevance model (rag_app/search/relevance.py) on an answerability set built from the dev sets.
 
 Answerable: each set's own queries (up to --limit). Unanswerable: queries of two unrelated sets asked of this set's
-corpus, plus nonsense strings. Every query runs through the real search path (`rag_app.retrieve.search`) in each
+corpus, plus nonsense strings. Every query runs through the real search path (`rag_app.search.retrieve.search`) in each
 configuration — default (BM25 + e5 + USE-m3), fast (BM25 + USE-m3, the fast mode's weights), e5-only (BM25 + e5)
 and bm25 — and the evidence behind each result is cached under bench/out/relevance. Then:
 
 - a logistic model per channel set is fitted on the top 5 results of every query (sets weighted equally) and
-  written to rag_app/relevance_model.json (`--write`);
+  written to rag_app/search/relevance_model.json (`--write`);
 - figures are reported from 2-fold cross-validation by query (each query scored by the model fitted on the other
   half), per set and configuration: the issue's goals, AUROC, ECE, nDCG@10 and the time relevance adds; the
   baseline row is the rule this replaced (strength relative to the best hit: every top hit "strong").
@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from eval_sets import load_set, materialise, ready_home  # noqa: E402
 from metrics import ndcg_at  # noqa: E402
 
-from rag_app import relevance  # noqa: E402
 from rag_app.config import FAST_EMBEDDING, load_settings  # noqa: E402
+from rag_app.search import relevance  # noqa: E402
 
 OUT = Path(__file__).parent / "out"
 FOREIGN = {  # whose queries are asked of this corpus as unanswerable (unrelated domains, both languages)
@@ -139,7 +139,7 @@ def collect(shared: Path, name: str, config: str, limit: int) -> list[dict]:
     path = OUT / "relevance" / f"{name}-{config}-{limit}.json"
     if path.exists():
         return json.loads(path.read_text(encoding="utf-8"))
-    from rag_app.retrieve import SearchIndex, search
+    from rag_app.search.retrieve import SearchIndex, search
 
     eval_set = materialise(shared, load_set(shared, name), OUT)
     base = config.removesuffix(VARIANTS)
@@ -338,7 +338,7 @@ def main() -> None:
         models = fit(runs)
         relevance.MODEL_FILE.write_text(json.dumps({
             "about": f"fitted by bench/relevance_fit.py on {', '.join(args.sets)} (configs: {', '.join(configs)} "
-                     "unless named); features: rag_app/retrieve.py note_evidence",
+                     "unless named); features: rag_app/search/retrieve.py note_evidence",
             "models": models}, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         print(f"wrote {relevance.MODEL_FILE}", file=sys.stderr)
 

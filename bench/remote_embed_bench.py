@@ -1,8 +1,8 @@
 """Remote embeddings: chunks/s against the OpenAI-compatible double with a fixed per-request delay, by concurrency.
 
 Rows, for concurrency 1, 2, 4, 8:
-- `ours`: the `openai:` model as the sync uses it (rag_app.embeddings: requests of `--batch` texts, a thread pool over
-  the integration's sync call, retries);
+- `ours`: the `openai:` model as the sync uses it (rag_app.index.embeddings: requests of `--batch` texts, a thread
+  pool over the integration's sync call, retries);
 - `async`: LlamaIndex's own async batch path (`OpenAILikeEmbedding(num_workers=c).aget_text_embedding_batch`), for
   comparison; note that it bounds nothing at num_workers=1: all requests go out at once;
 - `sync`: a whole `brain sync` of a vault through the engine (chunking, Chroma, manifest, BM25), with `--sync-notes`.
@@ -38,7 +38,7 @@ def chunk_texts(count: int, seed: int = 1) -> list[str]:
 
 def ours(url: str, texts: list[str], concurrency: int, batch: int) -> float:
     from rag_app.config import RemoteEmbedding
-    from rag_app.embeddings import server_embedding
+    from rag_app.index.embeddings import server_embedding
 
     model = server_embedding("bench", None, RemoteEmbedding(base_url=url, batch_size=batch, concurrency=concurrency))
     model.get_text_embedding_batch(texts[:1])  # connect and warm up

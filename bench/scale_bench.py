@@ -186,7 +186,7 @@ def vector_rss(count: int, dim: int = 512) -> None:
     import numpy as np
     from chromadb.config import Settings as ChromaSettings
 
-    from rag_app.store import SEARCH_EF
+    from rag_app.index.store import SEARCH_EF
 
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory(prefix="vector-rss-") as path:

@@ -55,7 +55,7 @@ def brain(home: Path, *args: str, env: dict[str, str]) -> tuple[float, dict]:
 
 def raw_encode_rate(home: Path, model: str, sample: int) -> tuple[float, int]:
     """Encode the same chunk texts the pipeline embedded (title + heading + text), with the model alone."""
-    from rag_app.embeddings import load_embedding
+    from rag_app.index.embeddings import load_embedding
 
     db = sqlite3.connect(str(home / "index.sqlite"))
     rows = db.execute("SELECT text, metadata FROM chunks").fetchall()

@@ -275,7 +275,7 @@ class SyncSection(_Section):
 
 class RetrievalSection(_Section):
     """[retrieval]: how the channels are fused. Defaults tuned on the dev sets in ../shared/eval (docs/retrieval.md);
-    rag_app.query.RetrievalConfig adds what a home's models change."""
+    rag_app.search.query.RetrievalConfig adds what a home's models change."""
 
     fusion: Literal["adaptive", "rrf"] = "adaptive"
     rrf_k: int = Field(7, ge=0, le=1000)

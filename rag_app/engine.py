@@ -14,8 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rag_app.capture import CaptureError
-from rag_app.chunking import CHUNKER_VERSION, chunker_id
+from rag_app.answers.sessions import HISTORY_TURNS, SessionError, SessionNotFound, SessionStore
+from rag_app.answers.sessions import validate_name as validate_session_name
 from rag_app.config import (
     ConfigError,
     Settings,
@@ -24,14 +24,12 @@ from rag_app.config import (
     memos_source,
     vault_source,
 )
-from rag_app.fresh import SourceError
-from rag_app.graph import LinkGraph
-from rag_app.manifest import Manifest
-from rag_app.query import SearchError, SearchFilters
-from rag_app.sessions import HISTORY_TURNS, SessionError, SessionNotFound, SessionStore
-from rag_app.sessions import validate_name as validate_session_name
-from rag_app.store import StoreError
-from rag_app.sync import (
+from rag_app.index.manifest import Manifest
+from rag_app.index.store import StoreError
+from rag_app.ingest.capture import MAX_CAPTURE_BYTES, MAX_TAGS, MAX_TITLE_CHARS, CaptureError
+from rag_app.ingest.chunking import CHUNKER_VERSION, chunker_id
+from rag_app.ingest.fresh import SourceError
+from rag_app.ingest.sync import (
     Progress,
     SourceReport,
     StopRequested,
@@ -42,17 +40,20 @@ from rag_app.sync import (
     sync_sources,
     time_left,
 )
-from rag_app.watch import BackgroundWatch, Watcher, watch_in_background
+from rag_app.ingest.watch import BackgroundWatch, Watcher, watch_in_background
+from rag_app.search.graph import LinkGraph
+from rag_app.search.query import SearchError, SearchFilters
 from readers.records import decode_list
 
 if TYPE_CHECKING:
     from llama_index.core.chat_engine import CondensePlusContextChatEngine
     from llama_index.core.query_engine import RetrieverQueryEngine
 
-    from rag_app.answer import AnswerResponse
-    from rag_app.retrieve import NoteFusionRetriever, SearchIndex, SearchResponse
+    from rag_app.answers.answer import AnswerResponse
+    from rag_app.search.retrieve import NoteFusionRetriever, SearchIndex, SearchResponse
 
-__all__ = ["BackgroundWatch", "Brain", "CaptureError", "ConfigError", "NoteNotFound", "Progress", "SearchError",
+__all__ = ["MAX_CAPTURE_BYTES", "MAX_TAGS", "MAX_TITLE_CHARS", "BackgroundWatch", "Brain", "CaptureError",
+           "ConfigError", "NoteNotFound", "Progress", "SearchError",
            "SessionError", "SessionNotFound", "SourceError", "SourceReport", "StopRequested", "StoreError",
            "SyncBusyError", "SyncReport", "time_left"]
 
@@ -160,7 +161,7 @@ class Brain:
 
     def watch(self, specs: list[SourceSpec], interval: float,
               on_sync: Callable[[str, SyncReport], None] | None = None) -> None:
-        """Keep these sources fresh until SIGINT/SIGTERM (see rag_app.watch)."""
+        """Keep these sources fresh until SIGINT/SIGTERM (see rag_app.ingest.watch)."""
         Watcher(self.settings, specs, interval, on_sync).run()
 
     def watch_in_background(self, specs: list[SourceSpec], interval: float) -> BackgroundWatch:
@@ -216,7 +217,7 @@ class Brain:
         leading, USE-m3 gated) until the default model is complete too (see `_searchable_settings`)."""
         models = self._complete_models()
         if self._search_index is None or self._search_models != models:
-            from rag_app.retrieve import SearchIndex
+            from rag_app.search.retrieve import SearchIndex
 
             if self._search_index is not None:
                 self._search_index.close()
@@ -255,7 +256,7 @@ class Brain:
 
     def llm(self) -> Any | None:
         if self._llm is None:
-            from rag_app.llm import llm_config, load_llm
+            from rag_app.answers.llm import llm_config, load_llm
 
             self._llm = load_llm(llm_config(self.settings.llm)) or False
         return self._llm or None
@@ -275,7 +276,7 @@ class Brain:
         expand: bool = True,
         audience: str = "user",
     ) -> SearchResponse:
-        """Hybrid search over every note; see rag_app.retrieve for what each result holds."""
+        """Hybrid search over every note; see rag_app.search.retrieve for what each result holds."""
         retriever = self._retriever(k, mode, sources, tags, path_prefix, since, until, variants, expand, audience)
         freshness = self.refresh_if_stale() if self.auto_refresh and not _refresh_off.active else None
         response = retriever.search(query)
@@ -310,8 +311,8 @@ class Brain:
     def as_query_engine(self, k: int = 6, **search: Any) -> RetrieverQueryEngine:
         """A LlamaIndex RetrieverQueryEngine over `as_retriever(k, **search)`. With an LLM ([llm] or LLM_BASE_URL and
         LLM_MODEL) it answers from the notes that may answer, cited as [n] (`source_nodes[n - 1]`); without one, or
-        with half a configuration, it answers with the notes' best passages as `ask` does (rag_app.llama_engines)."""
-        from rag_app.llama_engines import query_engine
+        with half a configuration, it answers with the notes' best passages as `ask` does (answers/llama_engines.py)."""
+        from rag_app.answers.llama_engines import query_engine
 
         return query_engine(self.as_retriever(k, **search), self.llm())
 
@@ -320,8 +321,8 @@ class Brain:
         session `session` (a new one by default): its turns are stored there, as `brain ask --session` stores them,
         and an existing session's turns are its history. It needs an LLM: without one, ConfigError says what to set
         (a conversation without an LLM is `ask(question, session=...)`)."""
-        from rag_app.llama_engines import chat_engine
-        from rag_app.llm import llm_config, missing_message
+        from rag_app.answers.llama_engines import chat_engine
+        from rag_app.answers.llm import llm_config, missing_message
 
         llm = self.llm()
         if llm is None:
@@ -337,7 +338,7 @@ class Brain:
     def _retriever(self, k: int, mode: str, sources: tuple[str, ...], tags: tuple[str, ...], path_prefix: str,
                    since: str | dt.date | None, until: str | dt.date | None, variants: list[str] | None,
                    expand: bool, audience: str) -> NoteFusionRetriever:
-        from rag_app.retrieve import NoteFusionRetriever
+        from rag_app.search.retrieve import NoteFusionRetriever
 
         if sources:
             known = {s.name for s in self.known_sources()} | {"vault", "memos"}
@@ -437,8 +438,8 @@ class Brain:
         With a `session`, the question continues that conversation: it is condensed with the earlier turns into the
         standalone query that is searched (`coverage["condensed_query"]`), the LLM sees the history within the budget,
         and the turn is stored."""
-        from rag_app import answer as answers
-        from rag_app.llm import error_reason, llm_config, missing_message
+        from rag_app.answers import answer as answers
+        from rag_app.answers.llm import error_reason, llm_config, missing_message
 
         history = self._sessions.turns(session, last=HISTORY_TURNS) if session is not None else []
         config = llm_config(self.settings.llm)
@@ -498,9 +499,9 @@ class Brain:
     def _condense(self, question: str, history: list[dict[str, Any]], llm: Any,
                   secret: str) -> tuple[str, str | None]:
         """(standalone query, LLM error): CondensePlusContextChatEngine's condense step with an LLM, else (or when
-        it fails) the follow-up with the last turn's subject (rag_app.sessions.condense_without_llm)."""
-        from rag_app.llm import error_reason
-        from rag_app.sessions import condense_prompt, condense_without_llm, standalone_from_reply
+        it fails) the follow-up with the last turn's subject (rag_app.answers.sessions.condense_without_llm)."""
+        from rag_app.answers.llm import error_reason
+        from rag_app.answers.sessions import condense_prompt, condense_without_llm, standalone_from_reply
 
         if llm is not None:
             try:
@@ -519,7 +520,7 @@ class Brain:
     @staticmethod
     def _history_messages(history: list[dict[str, Any]], budget: int) -> list[Any]:
         """Earlier turns for the answer request: at most a quarter of the character budget, newest first."""
-        from rag_app.sessions import history_messages
+        from rag_app.answers.sessions import history_messages
 
         return history_messages(history, budget // 4) if history else []
 
@@ -562,7 +563,7 @@ class Brain:
     def example_questions(self, count: int = 4) -> list[str]:
         """Questions an empty chat can offer, from this home's own notes (recent titles, frequent tags); [] when
         nothing is indexed. Reads the manifest only: no model, no Chroma."""
-        from rag_app.suggest import example_questions
+        from rag_app.search.suggest import example_questions
 
         if not self.settings.manifest_path.exists():
             return []
@@ -574,7 +575,7 @@ class Brain:
 
     def llm_state(self) -> dict[str, Any]:
         """{"configured", "missing", "model", "base_url"}: "missing" names what a half-done configuration lacks."""
-        from rag_app.llm import llm_config
+        from rag_app.answers.llm import llm_config
 
         return llm_config(self.settings.llm).state()
 
@@ -595,7 +596,7 @@ class Brain:
                  fresh: bool = False) -> dict[str, Any]:
         """A note's full text (capped) with its metadata, links and backlinks. Takes note ids only, never paths.
 
-        `fresh` reads the note again from its source (see rag_app.fresh) and says whether the indexed copy is
+        `fresh` reads the note again from its source (see rag_app.ingest.fresh) and says whether the indexed copy is
         `stale`; links and backlinks stay those of the index."""
         note_id = validate_note_id(note_id)
         with self._lock:
@@ -629,7 +630,7 @@ class Brain:
     def _read_fresh(self, note_id: str, meta: dict[str, Any], indexed_hash: str,
                     audience: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
         """(text, metadata, freshness fields) of the note as its source holds it now."""
-        from rag_app.fresh import read_note
+        from rag_app.ingest.fresh import read_note
 
         name = str(meta.get("source") or "")
         spec = next((s for s in self.known_sources() if s.name == name), None)
@@ -646,8 +647,8 @@ class Brain:
                                       "deleted_at_source": False, "read_at": read_at}
 
     def _memos_token(self, spec: SourceSpec) -> str | None:
-        """The token this Memos source may be sent (rag_app.sync.memos_token: one origin per token)."""
-        from rag_app.sync import memos_token
+        """The token this Memos source may be sent (rag_app.ingest.sync.memos_token: one origin per token)."""
+        from rag_app.ingest.sync import memos_token
 
         manifest = Manifest(self.settings.manifest_path)
         try:
@@ -666,7 +667,7 @@ class Brain:
 
         The source alone is synced; the call returns when the note is searchable by its words (seconds), while its
         vectors are filled in the background. The reply gives the note id."""
-        from rag_app.capture import new_note, write_memo, write_vault_note
+        from rag_app.ingest.capture import new_note, write_memo, write_vault_note
 
         if not self.capture_enabled:
             raise ConfigError("capture is off: set [capture] enabled = true and source = \"<source name>\" in "
@@ -742,8 +743,8 @@ class Brain:
             self._search_index = None
 
     def doctor(self, repair: bool = False, compact: bool = False) -> dict[str, Any]:
-        """Do Chroma, the manifest and BM25 agree? `repair` fixes them, `compact` rebuilds Chroma (rag_app.doctor)."""
-        from rag_app.doctor import run_doctor
+        """Do Chroma, the manifest and BM25 agree? `repair` fixes them, `compact` rebuilds Chroma (ingest/doctor.py)."""
+        from rag_app.ingest.doctor import run_doctor
 
         try:
             return run_doctor(self.settings, repair=repair, compact=compact)

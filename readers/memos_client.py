@@ -20,6 +20,7 @@ import httpx
 
 from readers.markdown_syntax import as_datetime, date_fields, first_h1, strip_code
 from readers.records import NoteRecord, SourceListing, encode_list
+from readers.redaction import redact_secrets, redacted_line
 
 TOKEN_ENV_VARS = ("CFLOW_API_TOKEN", "MEMOS_TOKEN")
 _RETRY_STATUS = {429, 500, 502, 503, 504}
@@ -35,14 +36,6 @@ DEFAULT_REQUEST_DEADLINE = 120.0  # seconds for one whole answer: the read timeo
 DEFAULT_LISTING_DEADLINE = 1800.0  # seconds for one whole listing, retries included
 _VALUE_BYTES = 32  # a body may hold one JSON value per this many bytes of max_response_bytes (parsing inflates ~20x)
 _ENCODINGS = {"", "identity", "gzip", "x-gzip", "deflate"}  # no brotli: one chunk can inflate without bound
-_REDACTED = "[redacted]"
-_CUT_SECRET_CHARS = 8  # a text ending in this much of a secret's start was cut inside it: that head is redacted too
-_CREDENTIAL = r"[^\s\"'<>,;()\[\]{}]+"  # never starts at an earlier "[redacted]": redacting twice changes nothing
-_SCHEME = r"(?:bearer|basic|token|digest)(?:\s+|%20|\+)"
-_SECRET_PATTERNS = (
-    re.compile(rf"(?i)(\b(?:proxy-)?authorization\b[\"']?\s*[:=][\s\[\"']*(?:{_SCHEME})?)(?!{_SCHEME}){_CREDENTIAL}"),
-    re.compile(rf"(?i)(\bbearer(?:\s+|%20|\+)){_CREDENTIAL}"),
-)
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
@@ -50,36 +43,6 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 def token_from_env() -> str | None:
     """The access token from CFLOW_API_TOKEN (or MEMOS_TOKEN): never from a flag that lands in shell history."""
     return next((os.environ[name] for name in TOKEN_ENV_VARS if os.environ.get(name)), None)
-
-
-def redact_secrets(text: str, secrets: Iterable[str] = ()) -> str:
-    """`text` without the given secrets (also JSON- or URL-escaped) and without any bearer or Authorization value.
-
-    Servers echo request headers in error bodies; whatever reaches a log, the manifest or a tool must not carry them.
-    """
-    for secret in {s.strip() for s in secrets if s and s.strip()}:
-        forms = {secret, json.dumps(secret)[1:-1], json.dumps(secret)[1:-1].replace("/", "\\/"), quote(secret)}
-        for form in forms:
-            text = text.replace(form, _REDACTED)
-        text = _without_cut_secret(text, forms)
-    for pattern in _SECRET_PATTERNS:
-        text = pattern.sub(rf"\1{_REDACTED}", text)
-    return text
-
-
-def redacted_line(text: str, secrets: Iterable[str] = (), limit: int = 200) -> str:
-    """`text` on one line of at most `limit` characters, redacted whole before it is cut: a cut first can fall inside
-    a token and leave most of it to a log."""
-    return redact_secrets(" ".join(text.split()), secrets)[:limit]
-
-
-def _without_cut_secret(text: str, forms: Iterable[str]) -> str:
-    """A text that ends in a secret's first characters (something cut it inside the secret) ends in [redacted]."""
-    for form in forms:
-        for size in range(len(form) - 1, _CUT_SECRET_CHARS - 1, -1):
-            if text.endswith(form[:size]):
-                return text[:-size] + _REDACTED
-    return text
 
 
 class MemosError(Exception):

@@ -1,4 +1,4 @@
-"""The chat page (rag_app.page) called as Gradio calls it: conversations kept in the engine, streaming, citations
+"""The chat page (rag_app.shells.page) called as Gradio calls it: conversations kept in the engine, streaming, citations
 that open notes in the page, notes rendered safely, sources, LLM state, status, sync, the bind rule and the launcher."""
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from rag_app import page as app
-from rag_app.cli import EXIT_USAGE, main
 from rag_app.engine import Brain, ConfigError
+from rag_app.shells import page as app
+from rag_app.shells.cli import EXIT_USAGE, main
 from tests.conftest import REPO, free_port, stop
 from tests.doubles.openai_server import OpenAIDouble
 
@@ -102,7 +102,7 @@ def test_page_builds_with_every_panel(page: app.ChatPage) -> None:
 
 def test_the_page_module_is_installed_and_app_py_only_launches_it() -> None:
     launcher = (REPO / "app.py").read_text(encoding="utf-8")
-    assert "from rag_app.page import serve" in launcher and "gr." not in launcher
+    assert "from rag_app.shells.page import serve" in launcher and "gr." not in launcher
     assert Path(app.__file__).resolve().parent == REPO / "rag_app"
 
 

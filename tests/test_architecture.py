@@ -1,5 +1,10 @@
-"""The layering rules of README's Layout: readers know nothing of the engine or the stores; shells (the CLI, the page,
-app.py, the agent tools) talk to the engine's API only, not the modules behind it; the store knows nothing of Memos."""
+"""The layering of docs/architecture.md, checked on every import however it is spelt.
+
+readers/ know nothing of the engine or the stores. Inside rag_app/ each layer imports only the layers beneath it:
+config.py < index/ < ingest/ and search/ (side by side: neither imports the other) < answers/ < engine.py < shells/.
+The shells (rag_app/shells/, app.py, tools/) talk to the engine's API and the answers' types, never to the index,
+ingest or search modules behind it; the index knows nothing of Memos.
+"""
 
 from __future__ import annotations
 
@@ -10,30 +15,62 @@ import pytest
 
 from tests.conftest import REPO
 
-ENGINE_INTERNALS = {"chunking", "store", "keyword", "keyword_store", "manifest", "pipeline", "sync", "embeddings",
-                    "retrieve", "watch", "llama_engines"}
-SHELLS = ["rag_app/cli.py", "rag_app/page.py", "app.py",
-          *(str(p.relative_to(REPO)) for p in (REPO / "tools").glob("*.py"))]
+LAYERS = ("index", "ingest", "search", "answers", "shells")
+MAY_IMPORT = {
+    "config": set(),
+    "index": {"config"},
+    "ingest": {"config", "index"},
+    "search": {"config", "index"},
+    "answers": {"config", "index", "search"},
+    "engine": {"config", "index", "ingest", "search", "answers"},
+    "shells": {"config", "engine", "answers"},
+}
+ROOT_MODULES = {"__init__", "config", "engine"}
+SHELLS = [*sorted((REPO / "rag_app" / "shells").glob("*.py")), REPO / "app.py", *sorted((REPO / "tools").glob("*.py"))]
+
+
+def package_of(path: Path) -> list[str]:
+    """The dotted package a file sits in, from the last `rag_app`, `readers` or `tools` folder of its path."""
+    parts = list(path.parent.parts)
+    for i in range(len(parts) - 1, -1, -1):
+        if parts[i] in {"rag_app", "readers", "tools"}:
+            return parts[i:]
+    return []
 
 
 def imports_of(path: Path) -> set[str]:
-    """Every module a file imports, however it is spelt: `from rag_app import sync` is rag_app.sync (a name imported
-    from a package may be a module), a relative import is resolved against the file's package."""
+    """Every module a file imports, however it is spelt: `from rag_app.ingest import sync` is rag_app.ingest.sync (a
+    name imported from a package may be a module), a relative import is resolved against the file's package."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = ".".join(filter(None, [path.parent.name if node.level else "", node.module]))
+            package = package_of(path)[: len(package_of(path)) - node.level + 1] if node.level else []
+            base = ".".join([*package, *([node.module] if node.module else [])])
             found.add(base)
             found.update(f"{base}.{alias.name}" for alias in node.names)
     return found
 
 
-def internal_imports(path: Path) -> set[str]:
-    """The engine's internal modules a file imports."""
-    return {m for m in imports_of(path) if m.split(".")[0] == "rag_app" and m.split(".")[-1] in ENGINE_INTERNALS}
+def layer_of_module(module: str) -> str | None:
+    """rag_app.ingest.sync → ingest, rag_app.engine.Brain → engine; None outside rag_app's layers."""
+    parts = module.split(".")
+    if parts[0] != "rag_app" or len(parts) < 2:
+        return None
+    return parts[1] if parts[1] in LAYERS or parts[1] in {"config", "engine"} else None
+
+
+def layer_of_file(path: Path) -> str:
+    rel = path.relative_to(REPO)
+    if rel.parts[0] != "rag_app":
+        return "shells"  # app.py, tools/
+    return rel.parts[1] if len(rel.parts) > 2 else rel.stem
+
+
+def layers_imported(path: Path) -> set[str]:
+    return {layer for m in imports_of(path) if (layer := layer_of_module(m))}
 
 
 def test_readers_never_import_the_engine_or_chroma():
@@ -42,37 +79,77 @@ def test_readers_never_import_the_engine_or_chroma():
         assert not bad, f"{path.name} imports {bad}"
 
 
+def test_every_module_sits_in_a_layer():
+    """A new module picks its layer: only the package marker, config and the engine live at rag_app's top."""
+    assert {p.stem for p in (REPO / "rag_app").glob("*.py")} == ROOT_MODULES
+    folders = {p.name for p in (REPO / "rag_app").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == set(LAYERS)
+
+
+@pytest.mark.parametrize("layer", [*LAYERS, "config", "engine"])
+def test_each_layer_imports_only_the_layers_beneath_it(layer: str):
+    files = (sorted((REPO / "rag_app" / layer).glob("*.py")) if layer in LAYERS
+             else [REPO / "rag_app" / f"{layer}.py"])
+    assert files
+    for path in files:
+        above = layers_imported(path) - MAY_IMPORT[layer] - {layer}
+        assert not above, f"{path.relative_to(REPO)} imports from {above}"
+
+
 def test_shells_only_use_the_engine_api():
-    for rel in SHELLS:
-        internal = internal_imports(REPO / rel)
-        assert not internal, f"{rel} reaches past the engine: {internal}"
+    for path in SHELLS:
+        assert layer_of_file(path) == "shells"
+        behind = layers_imported(path) - MAY_IMPORT["shells"] - {"shells"}
+        assert not behind, f"{path.relative_to(REPO)} reaches past the engine: {behind}"
 
 
 def test_every_shell_the_rule_names_exists():
     """A shell renamed or moved would otherwise leave the rule checking nothing."""
-    assert [rel for rel in SHELLS if not (REPO / rel).is_file()] == []
-    assert len(SHELLS) > 3  # the tools were found
+    names = {p.name for p in SHELLS}
+    assert {"cli.py", "page.py", "warm_engine.py", "app.py", "mcp_server.py", "function_tools.py"} <= names
 
 
-@pytest.mark.parametrize("line", ["import rag_app.sync", "import rag_app.sync as s",
-                                  "from rag_app.sync import sync_sources", "from rag_app import sync",
-                                  "from rag_app import engine, store as s", "from . import watch",
-                                  "from .keyword import tokenize",
-                                  "def f():\n    from rag_app import manifest\n"])
+@pytest.mark.parametrize("line", ["import rag_app.ingest.sync", "import rag_app.ingest.sync as s",
+                                  "from rag_app.ingest.sync import sync_sources", "from rag_app.ingest import sync",
+                                  "from rag_app import engine, index", "from ..ingest import watch",
+                                  "from ..search.keyword import tokenize", "from rag_app.search import retrieve as r",
+                                  "def f():\n    from rag_app.index import manifest\n"])
 def test_the_shell_rule_catches_every_spelling_of_an_internal_import(tmp_path: Path, line: str):
-    shell = tmp_path / "rag_app" / "shell.py"
-    shell.parent.mkdir()
+    shell = tmp_path / "rag_app" / "shells" / "shell.py"
+    shell.parent.mkdir(parents=True)
     shell.write_text(line + "\n", encoding="utf-8")
-    assert internal_imports(shell), line
+    assert layers_imported(shell) - MAY_IMPORT["shells"] - {"shells"}, line
 
 
-def test_the_shell_rule_lets_the_engine_and_config_through(tmp_path: Path):
-    shell = tmp_path / "rag_app" / "shell.py"
-    shell.parent.mkdir()
-    shell.write_text("from rag_app import engine\nfrom rag_app.engine import Brain\nfrom . import config\n"
-                     "import rag_app.answer\nfrom tools import brief\n", encoding="utf-8")
-    assert internal_imports(shell) == set()
+def test_the_shell_rule_lets_the_engine_config_and_answers_through(tmp_path: Path):
+    shell = tmp_path / "rag_app" / "shells" / "shell.py"
+    shell.parent.mkdir(parents=True)
+    shell.write_text("from rag_app import engine\nfrom rag_app.engine import Brain\nfrom .. import config\n"
+                     "import rag_app.answers.answer\nfrom tools import brief\nfrom . import cli\n", encoding="utf-8")
+    assert layers_imported(shell) - MAY_IMPORT["shells"] - {"shells"} == set()
 
 
-def test_store_knows_nothing_of_memos():
-    assert not any("memos" in m for m in imports_of(REPO / "rag_app" / "store.py"))
+def test_the_index_knows_nothing_of_memos():
+    for path in (REPO / "rag_app" / "index").glob("*.py"):
+        assert not any("memos" in m for m in imports_of(path)), path.name
+
+
+def listed_in_document(folder: str) -> set[str]:
+    """The modules docs/architecture.md's tree lists under `folder/` (the lines indented beneath it)."""
+    lines = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8").splitlines()
+    head = next(i for i, line in enumerate(lines) if line.split()[:1] == [f"{folder}/"])
+    indent = len(lines[head]) - len(lines[head].lstrip())
+    names = set()
+    for line in lines[head + 1:]:
+        if len(line) - len(line.lstrip()) <= indent:
+            break
+        if len(line) - len(line.lstrip()) == indent + 2 and line.split()[0].endswith(".py"):
+            names.add(line.split()[0])
+    return names
+
+
+@pytest.mark.parametrize("folder", ["readers", *LAYERS])
+def test_the_architecture_document_lists_each_folder_as_it_is(folder: str):
+    """docs/architecture.md, the folders and this test say the same thing."""
+    path = REPO / "readers" if folder == "readers" else REPO / "rag_app" / folder
+    assert listed_in_document(folder) == {p.name for p in path.glob("*.py") if p.stem != "__init__"}

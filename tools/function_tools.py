@@ -16,8 +16,17 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple
 
 from pydantic import Field
 
-from rag_app.capture import MAX_CAPTURE_BYTES, MAX_TAGS, MAX_TITLE_CHARS
-from rag_app.engine import Brain, CaptureError, ConfigError, NoteNotFound, SearchError, SourceError
+from rag_app.engine import (
+    MAX_CAPTURE_BYTES,
+    MAX_TAGS,
+    MAX_TITLE_CHARS,
+    Brain,
+    CaptureError,
+    ConfigError,
+    NoteNotFound,
+    SearchError,
+    SourceError,
+)
 from tools.brief import PASSAGE_CHARS, PREVIEW_CHARS, REPLY_CHARS, brief_results
 from tools.contract import ToolCallError, check_arguments, refusal, usage
 

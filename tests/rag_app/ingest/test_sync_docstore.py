@@ -1,0 +1,129 @@
+"""A sync's chunking runs through an IngestionPipeline whose docstore (SQLite in the home) holds every indexed note.
+
+Through `Brain.sync` into a real home (fast model).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rag_app.config import load_settings
+from rag_app.engine import Brain
+from rag_app.index.docstore import DOCSTORE_FILE, open_docstore
+from rag_app.index.manifest import Manifest
+from tests.conftest import free_port
+
+NOTES = {
+    "a.md": "---\ntitle: Alpha\n---\n# Alpha\n\nTomatoes need sun.",
+    "b.md": "# Beta\n\nCompost needs worms.",
+    "c.md": "# Gamma\n\nWatering schedules in summer.",
+}
+
+
+def sync(home: Path, vault: Path):
+    report = Brain(home).sync(vaults=(str(vault),))
+    assert not report.failed, report.sources[0].error
+    return report, report.sources[0]
+
+
+def stored(home: Path) -> dict[str, str]:
+    """note id → hash, as the docstore holds them, against the manifest's notes."""
+    manifest = Manifest(home / "index.sqlite")
+    ids = sorted(manifest.entries())
+    manifest.close()
+    docstore = open_docstore(load_settings(home))
+    return {note_id: digest for note_id in ids if (digest := docstore.get_document_hash(note_id))}
+
+
+def manifest_hashes(home: Path) -> dict[str, str]:
+    manifest = Manifest(home / "index.sqlite")
+    try:
+        return {note_id: entry.hash for note_id, entry in manifest.entries().items()}
+    finally:
+        manifest.close()
+
+
+def test_the_docstore_holds_every_indexed_note_and_forgets_deleted_ones(home, make_vault):
+    vault = make_vault(NOTES)
+    sync(home, vault)
+    assert (home / DOCSTORE_FILE).is_file()
+    assert stored(home) == manifest_hashes(home) and len(stored(home)) == 3
+    docstore = open_docstore(load_settings(home))
+    assert docstore.get_document(next(iter(stored(home)))).text  # whole Documents, text included
+    (vault / "c.md").unlink()
+    (vault / "b.md").write_text("# Beta\n\nCompost needs worms and time.", encoding="utf-8")
+    report, source = sync(home, vault)
+    assert (source.updated, source.deleted) == (1, 1)
+    assert stored(home) == manifest_hashes(home) and len(stored(home)) == 2
+
+
+def test_a_no_change_sync_does_not_open_the_docstore(home, make_vault, monkeypatch):
+    """Nothing listed as changed: no key is looked up and LlamaIndex is not needed."""
+    import rag_app.index.docstore as docstore_module
+
+    vault = make_vault(NOTES)
+    sync(home, vault)
+    opened = []
+    original = docstore_module.open_docstore
+    monkeypatch.setattr(docstore_module, "open_docstore", lambda settings: opened.append(1) or original(settings))
+    report, source = sync(home, vault)
+    assert (opened, source.unchanged, report.embedded_chunks) == ([], 3, 0)
+
+
+def test_a_note_the_docstore_lacks_is_chunked_again(home, make_vault):
+    """The docstore has a say: a listed note it does not hold with that hash (a sync that died after the docstore
+    lost track, a docstore emptied by hand) is chunked again, its vectors reused rather than embedded."""
+    vault = make_vault(NOTES)
+    sync(home, vault)
+    docstore = open_docstore(load_settings(home))
+    docstore.delete_document("vault:notes/b.md")
+    (vault / "b.md").write_text(NOTES["b.md"].replace("\n", "\r\n"), encoding="utf-8")  # new bytes, same note
+    report, source = sync(home, vault)
+    assert (source.updated, source.unchanged) == (1, 2)
+    assert report.vectors == {"use-m3": report.reused_vectors} and report.reused_vectors >= 1
+    assert stored(home) == manifest_hashes(home)
+
+
+def test_a_note_the_docstore_already_has_is_not_chunked_again(home, make_vault):
+    """New bytes, same note (line endings): the docstore holds that hash, so nothing is chunked or embedded."""
+    vault = make_vault(NOTES)
+    sync(home, vault)
+    (vault / "a.md").write_text(NOTES["a.md"].replace("\n", "\r\n"), encoding="utf-8")
+    report, source = sync(home, vault)
+    assert (source.updated, source.unchanged, report.embedded_chunks, report.vectors) == (0, 3, 0, {})
+
+
+def test_a_home_from_before_the_docstore_is_migrated_once_without_re_embedding(home, make_vault):
+    """A home indexed before this docstore existed (no docstore file, no seed mark): the first sync that has something
+    to write copies every note in from its kept text; only the edited note is chunked, none is embedded again."""
+    vault = make_vault(NOTES)
+    sync(home, vault)
+    (home / DOCSTORE_FILE).unlink()
+    for suffix in ("-wal", "-shm"):
+        (home / (DOCSTORE_FILE + suffix)).unlink(missing_ok=True)
+    manifest = Manifest(home / "index.sqlite")
+    manifest.delete_meta("docstore_seeded")
+    manifest.close()
+    report, source = sync(home, vault)
+    assert not (home / DOCSTORE_FILE).exists()  # nothing changed: the migration waits, the sync stays fast
+    (vault / "b.md").write_text("# Beta\n\nCompost needs worms, edited.", encoding="utf-8")
+    report, source = sync(home, vault)
+    assert (source.updated, source.unchanged) == (1, 2)
+    assert stored(home) == manifest_hashes(home) and len(stored(home)) == 3
+    assert report.vectors == {"use-m3": report.embedded_chunks}  # the edited note's chunks only
+
+
+def test_a_docstore_that_cannot_be_read_fails_its_source_and_keeps_every_note(home, make_vault):
+    """A database down (here a PostgreSQL URL nobody answers) is that source's failure: nothing is deleted or
+    re-chunked, and the run goes on with the next source."""
+    vault = make_vault(NOTES)
+    other = make_vault({"d.md": "# Delta\n\nMulch keeps soil moist."}, name="garden")
+    Brain(home).sync(vaults=(str(vault),))
+    before = manifest_hashes(home)
+    (home / "config.toml").write_text('[embedding]\nmodel = "use-m3"\n\n[store]\ndocstore_url = '
+                                      f'"postgresql://brain@127.0.0.1:{free_port()}/notes"\n', encoding="utf-8")
+    (vault / "b.md").write_text("# Beta\n\nCompost needs worms and time.", encoding="utf-8")
+    report = Brain(home).sync(vaults=(str(vault), str(other)))
+    assert [s.name for s in report.sources] == ["notes", "garden"]
+    assert report.sources[0].failed and "127.0.0.1" in report.sources[0].error
+    assert {k: v for k, v in manifest_hashes(home).items() if k in before} == before

@@ -1,0 +1,113 @@
+"""Relevance: a probability on one scale for every query, fixed strength cut-points, and "not in your notes"."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rag_app.search import relevance
+from rag_app.search.relevance import RELATED, STRONG, channel_key, combined, not_found, probability, strength
+
+NOT_IN_THE_SAMPLE_VAULT = ["潜水艇驾驶执照", "xylophonegiraffe", "量子色动力学格点规范",
+                           "how to file a tax return in Germany", "qwpzkvmd"]
+IN_THE_SAMPLE_VAULT = [("我想看哪些电影", "电影清单"), ("docker 怎么删除停止的容器", "Docker 常用命令")]
+
+
+def test_strength_comes_from_fixed_cut_points_not_from_the_best_hit() -> None:
+    assert strength(STRONG) == "strong" and strength(0.99) == "strong"
+    assert strength(RELATED) == "related" and strength(STRONG - 1e-6) == "related"
+    assert strength(RELATED - 1e-6) == "weak" and strength(0.0) == "weak"
+
+
+def test_not_found_when_no_result_reaches_related() -> None:
+    assert not_found([])
+    assert not_found([{"relevance": RELATED - 0.01}, {"relevance": 0.01}])
+    assert not not_found([{"relevance": 0.01}, {"relevance": RELATED}])
+
+
+def test_channel_keys_name_model_families_in_a_fixed_order() -> None:
+    assert channel_key(["use", "bm25", "e5"]) == "bm25+e5+use"
+    assert channel_key(["use", "bm25"]) == "bm25+use"
+    assert relevance.dense_family("use-m3") == "use"
+    assert relevance.dense_family("e5-small") == relevance.dense_family("openai:text-embedding-3-small") == "e5"
+
+
+def test_probability_is_the_logistic_of_the_channels_model() -> None:
+    models = {"bm25": {"bias": -2.0, "lexical": 4.0}}
+    assert probability("bm25", {"lexical": 0.5}, models) == pytest.approx(0.5)
+    assert probability("bm25", {"lexical": 1.0}, models) == pytest.approx(1 / (1 + 2.718281828 ** -2), rel=1e-6)
+
+
+def test_a_channel_set_without_a_model_uses_the_largest_one_it_contains() -> None:
+    models = {"bm25": {"bias": -2.0, "lexical": 4.0}, "bm25+e5": {"bias": 0.0, "e5": 1.0}}
+    assert probability("bm25+e5+use", {"e5": 0.0, "use": 9.0, "lexical": 0.0}, models) == pytest.approx(0.5)
+    assert probability("use", {"use": 3.0}, models) == 0.0  # nothing to go on: not evidence of an answer
+
+
+def test_the_shipped_model_covers_every_channel_set_a_search_can_run() -> None:
+    shipped = json.loads(Path(relevance.MODEL_FILE).read_text(encoding="utf-8"))["models"]
+    for key in ("bm25", "bm25+e5", "bm25+use", "bm25+e5+use", "e5", "use"):
+        assert key in shipped, key
+        assert set(shipped[key]) - {"bias"} <= set(relevance.FEATURES)
+
+
+@pytest.mark.parametrize("query", NOT_IN_THE_SAMPLE_VAULT)
+def test_a_question_the_notes_never_answer_is_not_found(sample_brain, query: str) -> None:
+    response = sample_brain.search(query, k=5, expand=False)
+    assert response.results, "results stay, as leads"
+    assert response.not_found and response.to_dict()["not_found"] is True
+    assert {r["strength"] for r in response.results} == {"weak"}
+    assert all(0.0 <= r["relevance"] < RELATED for r in response.results)
+
+
+@pytest.mark.parametrize(("query", "title"), IN_THE_SAMPLE_VAULT)
+def test_a_question_the_notes_answer_is_labelled_by_its_relevance(sample_brain, query: str, title: str) -> None:
+    response = sample_brain.search(query, k=5, expand=False)
+    top = response.results[0]
+    assert top["title"] == title and not response.not_found
+    assert top["strength"] in ("strong", "related") and top["relevance"] >= RELATED
+    assert response.timing["relevance_ms"] < 1000
+
+
+def test_a_match_by_meaning_alone_comes_first_and_the_notes_own_words_make_it_an_answer(sample_brain) -> None:
+    bare = sample_brain.search("观影", k=5, expand=False)  # no note says 观影: only the dense channels see the match
+    assert bare.results[0]["title"] == "电影清单"
+    helped = sample_brain.search("观影", k=5, variants=["电影清单", "想看的电影"], expand=False)
+    assert helped.results[0]["title"] == "电影清单" and not helped.not_found
+    assert helped.results[0]["strength"] == "strong" and helped.results[0]["relevance"] >= bare.results[0]["relevance"]
+
+
+def test_with_variants_the_question_counts_alone_and_variants_count_when_two_agree() -> None:
+    assert combined([]) == 0.0 and combined([0.4]) == 0.4
+    assert combined([0.6, 0.0, 0.1]) == 0.6  # the question's own evidence stands alone
+    assert combined([0.0, 0.9, 0.0, 0.05]) == 0.05  # one variant among many matched: chance, not an answer
+    assert combined([0.0, 0.9, 0.7, 0.0]) == 0.7  # two variants agree
+
+
+def test_one_variant_alone_cannot_make_an_unrelated_question_an_answer(sample_brain) -> None:
+    alone = sample_brain.search("xylophonegiraffe", k=5, expand=False)
+    one = sample_brain.search("xylophonegiraffe", k=5, variants=["我想看的电影清单"], expand=False)
+    two = sample_brain.search("xylophonegiraffe", k=5, variants=["我想看的电影清单", "电影清单 想看"], expand=False)
+    assert alone.not_found and one.not_found
+    assert not two.not_found and two.results[0]["title"] == "电影清单" and two.results[0]["relevance"] >= RELATED
+
+
+def test_in_a_handful_of_notes_the_words_decide(home, make_vault) -> None:
+    """Three notes give three scores: nothing can stand out of a list or a background, so only the words count (a
+    word no note has says nothing there)."""
+    from rag_app.engine import Brain
+    from tests.rag_app.answers.test_sessions import CONVERSATION_VAULT
+
+    brain = Brain(home)
+    assert not brain.sync(vaults=(str(make_vault(CONVERSATION_VAULT)),)).failed
+    asked = brain.search("番茄炒蛋怎么做", k=3, expand=False)
+    assert asked.results[0]["title"] == "番茄炒蛋" and asked.results[0]["strength"] == "strong"
+    assert not asked.not_found
+    assert brain.search("量子色动力学格点规范", k=3, expand=False).not_found
+
+
+def test_a_filter_that_leaves_a_few_notes_still_finds_the_one_named(sample_brain) -> None:
+    response = sample_brain.search("电影清单", k=3, tags=("电影",), expand=False)
+    assert [r["title"] for r in response.results] == ["电影清单"] and response.results[0]["strength"] == "strong"

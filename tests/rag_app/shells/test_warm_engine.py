@@ -1,0 +1,529 @@
+"""The warm engine: `brain watch` (and serve, mcp) answers the CLI's everyday commands on a socket inside the home,
+exactly as the command would answer in-process; faults (a killed server, a stale socket, someone else's socket, two
+clients at once) never cost an answer."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from rag_app.config import CONFIG_FILE, load_settings
+from rag_app.engine import Brain
+from rag_app.shells import cli, warm_engine
+from tests.conftest import REPO, as_an_ordinary_user, stop
+from tests.doubles.openai_server import OpenAIDouble
+
+BRAIN = str(Path(sys.executable).with_name("brain"))
+LOST = "stopped answering"
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without anything that changes an answer (LLM, tokens, home), plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(warm_engine.ENV_PREFIXES)}
+    return env | {"ANONYMIZED_TELEMETRY": "False"} | extra
+
+
+def brain(home: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`brain` as a user types it (the installed entry point, which tries the warm engine first)."""
+    return subprocess.run([BRAIN, "--home", str(home), *args], capture_output=True, text=True, cwd=REPO,
+                          env=env or clean_env(), timeout=300)
+
+
+def served(home: Path) -> list[str]:
+    """The commands the home's warm engine has answered, from brain.log."""
+    log = home / "brain.log"
+    text = log.read_text(encoding="utf-8") if log.exists() else ""
+    return [line.split("`")[1] for line in text.splitlines() if "warm engine: `" in line]
+
+
+def wait_for(condition, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"not within {timeout} s")
+
+
+def start_watch(home: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    """`brain watch` for the home, returned once its warm engine answers and has loaded the models."""
+    process = subprocess.Popen([BRAIN, "--home", str(home), "watch"], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+
+    def warm() -> bool:
+        assert process.poll() is None, process.stderr.read() if process.stderr else ""
+        status = brain(home, "status", "--json", env=env)
+        return status.returncode == 0 and json.loads(status.stdout)["engine"]["mode"] == "warm"
+
+    wait_for(warm, 120)
+    wait_for(lambda: "warm engine: warmed up" in (home / "brain.log").read_text(encoding="utf-8").split("serving")[-1],
+             120)
+    return process
+
+
+@pytest.fixture(scope="module")
+def warm_home(tmp_path_factory: pytest.TempPathFactory, sample_home: Path) -> Iterator[Path]:
+    """A copy of the synced sample home, served warm by a `brain watch` for the module's tests."""
+    home = tmp_path_factory.mktemp("warm") / "home"
+    shutil.copytree(sample_home, home, ignore=shutil.ignore_patterns("warm"))
+    process = start_watch(home, clean_env())
+    yield home
+    stop(process)
+
+
+# ------------------------------------------------------------------------------------------------ the same answers
+
+
+ANSWERED_THE_SAME = [
+    ["search", "观影", "--json"],
+    ["search", "how do I deploy the service"],
+    ["search", "跑步", "--since", "not-a-date"],
+    ["search", "咖啡", "--mode", "bm25", "-k", "3", "--tag", "nope"],
+    ["ask", "番茄炒蛋怎么做", "--json"],
+    ["ask", "潜水艇驾驶执照"],
+    ["get", "vault:sample_vault/index.md"],
+    ["get", "vault:sample_vault/no-such-note.md", "--json"],
+    ["get", "../etc/passwd"],
+    ["sessions", "--json"],
+    ["search", "x", "--no-such-option"],
+]
+
+
+def test_warm_commands_answer_exactly_as_in_process(warm_home: Path, monkeypatch: pytest.MonkeyPatch):
+    for name in [k for k in os.environ if k.startswith(warm_engine.ENV_PREFIXES)]:
+        monkeypatch.delenv(name)
+    before = len(served(warm_home))
+    for args in ANSWERED_THE_SAME:
+        warm = brain(warm_home, *args)
+        here = CliRunner().invoke(cli.main, ["--home", str(warm_home), "--no-daemon", *args], prog_name="brain")
+        assert (warm.returncode, warm.stdout, warm.stderr) == (here.exit_code, here.stdout, here.stderr), args
+    assert served(warm_home)[before:] == [args[0] for args in ANSWERED_THE_SAME]
+
+
+def test_status_says_which_way_the_command_ran(warm_home: Path):
+    pid = int(json.loads(brain(warm_home, "status", "--json").stdout)["engine"]["pid"])
+    assert pid != os.getpid()
+    warm = brain(warm_home, "status")
+    assert f"engine: warm (brain watch, pid {pid})" in warm.stdout.splitlines()
+    here = brain(warm_home, "--no-daemon", "status")
+    assert "engine: in-process" in here.stdout.splitlines()
+    assert json.loads(brain(warm_home, "--no-daemon", "status", "--json").stdout)["engine"] == {"mode": "in-process"}
+    env_forced = brain(warm_home, "status", "--json", env=clean_env(BRAIN_NO_DAEMON="1"))
+    assert json.loads(env_forced.stdout)["engine"] == {"mode": "in-process"}
+    assert [line for line in warm.stdout.splitlines() if not line.startswith("engine:")] == \
+        [line for line in here.stdout.splitlines() if not line.startswith("engine:")]
+
+
+def test_a_different_environment_runs_in_process(warm_home: Path):
+    """An LLM configured only in the caller's environment would change the answer: the caller's own process runs it."""
+    before = len(served(warm_home))
+    done = brain(warm_home, "status", "--json", env=clean_env(LLM_MODEL="qwen2.5"))
+    assert json.loads(done.stdout)["engine"] == {"mode": "in-process"}
+    assert len(served(warm_home)) == before
+
+
+def test_two_clis_at_once_each_get_their_own_answer(warm_home: Path):
+    queries = ["观影", "how do I deploy the service", "跑步", "番茄炒蛋"]
+    alone = {q: brain(warm_home, "search", q, "--json").stdout for q in queries}
+    before = len(served(warm_home))
+    for _ in range(3):
+        running = {q: subprocess.Popen([BRAIN, "--home", str(warm_home), "search", q, "--json"], cwd=REPO,
+                                       env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                   for q in queries}
+        for query, process in running.items():
+            out, err = process.communicate(timeout=120)
+            assert (process.returncode, err, out) == (0, "", alone[query])
+    assert len(served(warm_home)) == before + 3 * len(queries)
+
+
+def test_the_warm_engine_sees_what_the_watcher_synced(tmp_path: Path):
+    vault = tmp_path / "vault"
+    vault.mkdir()
+    (vault / "a.md").write_text("# Alpha\n\nthe first note about gardening\n", encoding="utf-8")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.toml").write_text('[embedding]\nmodel = "use-m3"\nsecond_model = ""\n', encoding="utf-8")
+    env = clean_env()
+    assert brain(home, "sync", "--vault", str(vault), env=env).returncode == 0
+    process = start_watch(home, env)
+    try:
+        (vault / "b.md").write_text("# Beta\n\nzanzibarite mineral samples\n", encoding="utf-8")
+        wait_for(lambda: "+1 ~0 -0 =1" in (home / "brain.log").read_text(encoding="utf-8"), 60)
+        found = json.loads(brain(home, "search", "zanzibarite", "--json", env=env).stdout)["results"]
+        assert [r["title"] for r in found][:1] == ["Beta"], found
+        assert served(home)[-1] == "search"
+    finally:
+        stop(process)
+
+
+# ------------------------------------------------------------------------------------------------ faults
+
+
+def test_a_warm_engine_killed_mid_request_falls_back_and_says_so_once(tmp_path: Path):
+    vault = tmp_path / "vault"
+    vault.mkdir()
+    (vault / "tea.md").write_text("# Tea\n\nGreen tea is brewed at 80 degrees for two minutes.\n", encoding="utf-8")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.toml").write_text('[embedding]\nmodel = "use-m3"\nsecond_model = ""\n'
+                                      '[llm]\nmax_retries = 0\n', encoding="utf-8")
+    asked, release = threading.Event(), threading.Event()
+
+    def first_waits(body: dict) -> str:
+        if not asked.is_set():
+            asked.set()
+            release.wait(60)
+        return "Brew green tea at 80 degrees [1]."
+
+    with OpenAIDouble([first_waits]) as double:
+        env = clean_env(LLM_BASE_URL=double.url, LLM_MODEL="qwen2.5", LLM_API_KEY="sk-test-0123456789")
+        assert brain(home, "sync", "--vault", str(vault), env=env).returncode == 0
+        server = start_watch(home, env)
+        try:
+            client = subprocess.Popen([BRAIN, "--home", str(home), "ask", "how hot should green tea be brewed"],
+                                      cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            assert asked.wait(120), "the warm engine never asked the LLM"
+            assert served(home) == ["status"] * len(served(home))  # the ask is in hand, not yet answered
+            server.send_signal(signal.SIGKILL)
+            server.wait(30)
+            release.set()
+            out, err = client.communicate(timeout=300)
+        finally:
+            release.set()
+            stop(server)
+        assert client.returncode == 0, err
+        assert "Brew green tea at 80 degrees [1]." in out
+        assert out.count("Brew green tea") == 1
+        assert err.count(LOST) == 1 and err.splitlines()[0].startswith("brain: the warm engine of ")
+
+        # the killed server left its socket behind: the next command runs here, silently, as in-process
+        assert warm_engine.socket_path(home).is_socket()
+        again = brain(home, "status", "--json", env=env)
+        assert (again.returncode, again.stderr, json.loads(again.stdout)["engine"]) == (0, "", {"mode": "in-process"})
+
+
+def test_a_socket_with_no_server_is_ignored_and_the_next_server_replaces_it(tmp_path: Path):
+    home = tmp_path / "home"
+    stale = stale_socket(home)
+    request = warm_engine.WarmRequest(home, "", ["status"])
+    assert warm_engine.ask_warm(request, io.StringIO(), io.StringIO()) is None
+    with warm_engine.serving(Brain(home), "test", printing_run, "") as engine:
+        assert stale.is_socket() and engine.served_by["server"] == "test"
+        out, err = io.StringIO(), io.StringIO()
+        assert warm_engine.ask_warm(request, out, err) == 7
+        assert (out.getvalue(), err.getvalue()) == ("ran --home status\n", "on stderr\n")
+    assert not stale.exists()  # a server that stops takes its socket with it
+
+
+def stale_socket(home: Path) -> Path:
+    """A socket file as a killed server leaves it: bound, nobody listening."""
+    folder = home / warm_engine.SOCKET_DIR
+    folder.mkdir(parents=True, mode=0o700)
+    path = folder / warm_engine.SOCKET_NAME
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.bind(str(path))
+    return path
+
+
+def printing_run(argv: list[str]) -> int:
+    """A command for the engine to run: writes to both streams as a CLI command does, exit code 7."""
+    print("ran", argv[0], argv[-1])
+    print("on stderr", file=sys.stderr)
+    return 7
+
+
+def test_one_server_per_home(tmp_path: Path):
+    home = tmp_path / "home"
+    with warm_engine.serving(Brain(home), "first", printing_run, ""):
+        second = warm_engine.WarmEngine(Brain(home), "second", printing_run, "")
+        assert second.start() == "another process serves this home's engine"
+        second.stop()
+        out = io.StringIO()
+        assert warm_engine.ask_warm(warm_engine.WarmRequest(home, "", ["get", "x"]), out, io.StringIO()) == 7
+    mode = os.stat(home / warm_engine.SOCKET_DIR).st_mode & 0o777
+    assert mode == 0o700
+
+
+def test_concurrent_clients_never_see_each_others_output(tmp_path: Path):
+    home = tmp_path / "home"
+    together = threading.Barrier(4, timeout=30)
+
+    def chatty(argv: list[str]) -> int:
+        together.wait()  # all four commands run at the same time
+        for _ in range(200):
+            print(argv[-1])
+        return int(argv[-1])
+
+    results: dict[int, tuple[int | None, str]] = {}
+
+    def client(n: int) -> None:
+        out = io.StringIO()
+        code = warm_engine.ask_warm(warm_engine.WarmRequest(home, "", ["search", str(n)]), out, io.StringIO())
+        results[n] = (code, out.getvalue())
+
+    with warm_engine.serving(Brain(home), "test", chatty, ""):
+        threads = [threading.Thread(target=client, args=(n,)) for n in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    assert results == {n: (n, f"{n}\n" * 200) for n in range(4)}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a socket to another user takes root (CI runs as root)")
+def test_a_socket_owned_by_another_user_is_never_used(tmp_path: Path):
+    home = tmp_path / "home"
+    (home / warm_engine.SOCKET_DIR).mkdir(parents=True, mode=0o700)
+    path = warm_engine.socket_path(home)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(path))
+        listener.listen(4)
+        listener.settimeout(0.3)
+        os.chmod(path, 0o666)  # anyone could connect: only the owner check stands in the way
+        os.chown(path, 65534, 65534)
+        request = warm_engine.WarmRequest(home, "", ["status"])
+        with as_an_ordinary_user():
+            assert warm_engine.ask_warm(request, io.StringIO(), io.StringIO()) is None
+        with pytest.raises(TimeoutError):
+            listener.accept()
+        os.chown(path, os.geteuid(), os.getegid())  # the same socket, ours: the client does connect
+        lost: list[Exception] = []
+
+        def ask() -> None:
+            try:
+                warm_engine.ask_warm(request, io.StringIO(), io.StringIO())
+            except warm_engine.WarmEngineLost as exc:
+                lost.append(exc)
+
+        with as_an_ordinary_user():
+            client = threading.Thread(target=ask, daemon=True)
+            client.start()
+            conn, _ = listener.accept()
+            conn.close()
+            client.join(10)
+        assert len(lost) == 1  # it connected, and was told nothing
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user takes root (CI runs as root)")
+def test_a_server_never_serves_from_another_users_socket_folder(tmp_path: Path):
+    home = tmp_path / "home"
+    stale = stale_socket(home)
+    os.chown(stale.parent, 65534, 65534)
+    engine = warm_engine.WarmEngine(Brain(home), "test", printing_run, "")
+    assert engine.start() == f"{stale.parent} is not a folder of this user's"
+    engine.stop()
+    assert stale.is_socket()  # left alone: not ours to remove
+
+
+def test_a_socket_folder_others_may_enter_is_never_used(tmp_path: Path):
+    home = tmp_path / "home"
+    with warm_engine.serving(Brain(home), "test", printing_run, ""):
+        request = warm_engine.WarmRequest(home, "", ["status"])
+        assert warm_engine.ask_warm(request, io.StringIO(), io.StringIO()) == 7
+        os.chmod(home / warm_engine.SOCKET_DIR, 0o755)
+        assert warm_engine.ask_warm(request, io.StringIO(), io.StringIO()) is None
+
+
+def test_a_request_for_another_home_store_or_environment_is_refused(tmp_path: Path, monkeypatch):
+    home = tmp_path / "home"
+    with warm_engine.serving(Brain(home), "test", printing_run, "http://127.0.0.1:8000"):
+        path = warm_engine.socket_path(home)
+        assert warm_engine.ask_warm(warm_engine.WarmRequest(home, "", ["status"]), io.StringIO(),
+                                    io.StringIO()) is None
+        assert warm_engine.ask_warm(warm_engine.WarmRequest(home, "http://127.0.0.1:8000", ["status"]),
+                                    io.StringIO(), io.StringIO()) == 7
+        monkeypatch.setenv("LLM_MODEL", "another")
+        assert warm_engine.ask_warm(warm_engine.WarmRequest(home, "http://127.0.0.1:8000", ["status"]),
+                                    io.StringIO(), io.StringIO()) is None
+        assert path.is_socket()
+
+
+def test_a_changed_config_runs_in_process(tmp_path: Path):
+    """The server runs on the config.toml it loaded at start: once the file changes (or goes, or comes) a client runs
+    in its own process, where the new config applies; the same content again is served again."""
+    home = tmp_path / "home"
+    home.mkdir()
+    config = home / CONFIG_FILE
+    config.write_text('[embedding]\nmodel = "use-m3"\n', encoding="utf-8")
+    request = warm_engine.WarmRequest(home, "", ["status"])
+    with warm_engine.serving(Brain(home), "test", printing_run, ""):
+        assert warm_engine.ask_warm(request, io.StringIO(), io.StringIO()) == 7
+        config.write_text('[embedding]\nmodel = "use-m3"\n[llm]\nmodel = "qwen2.5"\n', encoding="utf-8")
+        assert warm_engine.ask_warm(request, io.StringIO(), io.StringIO()) is None
+        assert hand_made(home, ["status"])[0] == {"refused": f"{home.absolute() / CONFIG_FILE} changed since the "
+                                                              "server started"}
+        config.unlink()
+        assert warm_engine.ask_warm(request, io.StringIO(), io.StringIO()) is None
+        config.write_text('[embedding]\nmodel = "use-m3"\n', encoding="utf-8")
+        assert warm_engine.ask_warm(request, io.StringIO(), io.StringIO()) == 7
+    other = tmp_path / "other"
+    with warm_engine.serving(Brain(other), "test", printing_run, ""):  # no config.toml when it started
+        request = warm_engine.WarmRequest(other, "", ["status"])
+        assert warm_engine.ask_warm(request, io.StringIO(), io.StringIO()) == 7
+        (other / CONFIG_FILE).write_text("[llm]\nmax_retries = 0\n", encoding="utf-8")
+        assert warm_engine.ask_warm(request, io.StringIO(), io.StringIO()) is None
+
+
+@pytest.mark.parametrize(("name", "value"), [("MEMOS_TOKEN", "memos-token-0123"), ("HF_ENDPOINT", "http://127.0.0.1:9"),
+                                             ("MY_NOTES_TOKEN", "t0123456789")])
+def test_tokens_and_the_model_hub_are_part_of_the_environment(tmp_path: Path, monkeypatch, name: str, value: str):
+    home = tmp_path / "home"
+    monkeypatch.delenv(name, raising=False)
+    request = warm_engine.WarmRequest(home, "", ["get", "x"])
+    with warm_engine.serving(Brain(home), "test", printing_run, ""):
+        assert warm_engine.ask_warm(request, io.StringIO(), io.StringIO()) == 7
+        monkeypatch.setenv(name, value)
+        assert warm_engine.ask_warm(request, io.StringIO(), io.StringIO()) is None
+        monkeypatch.delenv(name)
+        assert warm_engine.ask_warm(request, io.StringIO(), io.StringIO()) == 7
+
+
+def test_a_served_search_never_refreshes_stale_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """`brain serve`/`brain mcp` without --watch refresh stale sources before their own searches; a CLI command they
+    serve must answer as in its own process: no background sync, no coverage.freshness."""
+    for name in [k for k in os.environ if k.startswith(warm_engine.ENV_PREFIXES)]:
+        monkeypatch.delenv(name)  # no LLM: `ask` answers with passages
+    vault = tmp_path / "vault"
+    vault.mkdir()
+    (vault / "a.md").write_text("# Alpha\n\nthe first note about gardening\n", encoding="utf-8")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / CONFIG_FILE).write_text('[embedding]\nmodel = "use-m3"\nsecond_model = ""\n[sync]\nstale_seconds = 1\n',
+                                    encoding="utf-8")
+    served_brain = Brain(home)
+    assert not served_brain.sync(vaults=(str(vault),)).failed
+    time.sleep(1.5)  # every source is now stale
+    served_brain.auto_refresh = True
+    try:
+        with warm_engine.serving(served_brain, "brain serve", cli._run_served, ""):
+            for args in (["search", "gardening", "--json", "--mode", "bm25"], ["ask", "gardening", "--json"]):
+                out, err = io.StringIO(), io.StringIO()
+                assert warm_engine.ask_warm(warm_engine.WarmRequest(home, "", args), out, err) == 0, err.getvalue()
+                answer = json.loads(out.getvalue())
+                assert answer.get("results") or answer.get("citations"), answer
+                assert "freshness" not in answer["coverage"], answer["coverage"]
+            assert served_brain._refreshing is None  # no background sync was started
+        # the server's own searches (the page's, MCP's) still refresh
+        assert served_brain.search("gardening", mode="bm25").coverage["freshness"]["checked"] is True
+    finally:
+        if served_brain._refreshing is not None:
+            served_brain._refreshing.join(60)
+        served_brain.close()
+
+
+def hand_made(home: Path, argv: list[str], raw: bytes | None = None, timeout: float = 10) -> list[dict]:
+    """The frames a warm engine sends for a request made by hand (not by `brain`): as `brain` would send it for
+    `argv`, or the bytes `raw`."""
+    message = warm_engine.request_message(warm_engine.WarmRequest(home.absolute(), "", argv), [False, False])
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(timeout)
+        conn.connect(str(warm_engine.socket_path(home)))
+        conn.sendall(json.dumps(message).encode() + b"\n" if raw is None else raw)
+        frames = [json.loads(line) for line in conn.makefile("r", encoding="utf-8")]
+    return frames
+
+
+def test_the_server_repeats_the_clients_exclusions(tmp_path: Path):
+    """Help, version and --queries (which reads the caller's stdin or a file relative to the caller's folder) never
+    run in the server, even when a request asks for them."""
+    home = tmp_path / "home"
+    ran: list[list[str]] = []
+
+    def recording(argv: list[str]) -> int:
+        ran.append(argv)
+        return printing_run(argv)
+
+    with warm_engine.serving(Brain(home), "test", recording, ""):
+        assert hand_made(home, ["status"])[-1] == {"exit": 7}  # a hand-made request the server does run
+        for argv in (["search", "--queries", "-"], ["search", "--queries=q.jsonl"], ["search", "x", "--help"],
+                     ["status", "-h"], ["get", "--version"]):
+            frames = hand_made(home, argv)
+            assert len(frames) == 1 and "refused" in frames[0], (argv, frames)
+    assert ran == [["--home", str(home.absolute()), "status"]]
+
+
+def test_another_users_request_is_refused_before_it_is_read(tmp_path: Path, monkeypatch):
+    home = tmp_path / "home"
+    with warm_engine.serving(Brain(home), "test", printing_run, ""):
+        monkeypatch.setattr(warm_engine, "_peer", lambda conn: (12345, os.geteuid() + 1))
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:  # connects and sends nothing
+            conn.settimeout(3)  # well under ACCEPT_SECONDS: the answer must not wait for a request
+            conn.connect(str(warm_engine.socket_path(home)))
+            assert json.loads(conn.makefile("r", encoding="utf-8").readline()) == {"refused": "another user"}
+
+
+def test_a_request_nested_too_deep_is_refused_and_the_server_goes_on(tmp_path: Path):
+    home = tmp_path / "home"
+    crashed: list[threading.ExceptHookArgs] = []
+    hook = threading.excepthook
+    threading.excepthook = crashed.append
+    try:
+        with warm_engine.serving(Brain(home), "test", printing_run, ""):
+            assert hand_made(home, [], raw=b"[" * 200_000 + b"\n") == [{"refused": "not a request"}]
+            assert hand_made(home, [], raw=b"{not json\n") == [{"refused": "not a request"}]
+            assert warm_engine.ask_warm(warm_engine.WarmRequest(home, "", ["status"]), io.StringIO(),
+                                        io.StringIO()) == 7
+    finally:
+        threading.excepthook = hook
+    assert crashed == []
+
+
+# ------------------------------------------------------------------------------------------------ the client's side
+
+
+@pytest.mark.parametrize(("argv", "env", "expected"), [
+    (["search", "x"], {}, ("H", "", ["search", "x"])),
+    (["--home", "other", "ask", "q", "--json"], {}, ("other", "", ["ask", "q", "--json"])),
+    (["--home=other", "--store-url", "http://s:1", "get", "vault:a"], {}, ("other", "http://s:1", ["get", "vault:a"])),
+    (["status"], {"BRAIN_STORE_URL": "http://e:2"}, ("H", "http://e:2", ["status"])),
+    (["--no-daemon", "search", "x"], {}, None),
+    (["search", "x"], {"BRAIN_NO_DAEMON": "true"}, None),
+    (["sync", "--vault", "v"], {}, None),
+    (["watch"], {}, None),
+    (["search", "--help"], {}, None),
+    (["search", "--queries", "q.jsonl"], {}, None),
+    (["--version"], {}, None),
+    (["--verbose", "search", "x"], {}, None),
+    ([], {}, None),
+])
+def test_which_command_lines_try_the_warm_engine(argv, env, expected, tmp_path: Path):
+    request = warm_engine.warm_request(argv, {"BRAIN_HOME": str(tmp_path / "H")} | env)
+    if expected is None:
+        assert request is None
+        return
+    home, store, args = expected
+    assert request is not None
+    assert (request.home, request.store_url, request.args) == (
+        (tmp_path / "H") if home == "H" else Path(home).absolute(), store, args)
+
+
+def test_the_client_finds_the_home_the_engine_would_open(monkeypatch, tmp_path: Path):
+    assert warm_engine.CONFIG_FILE == CONFIG_FILE
+    monkeypatch.delenv("BRAIN_HOME", raising=False)
+    assert warm_engine.default_home() == load_settings().home
+    monkeypatch.setenv("BRAIN_HOME", str(tmp_path / "h"))
+    assert warm_engine.default_home() == load_settings().home == tmp_path / "h"
+
+
+def test_trying_the_warm_engine_imports_no_engine():
+    """`brain search` with a warm engine must not pay for LlamaIndex, Chroma, jieba or the engine before it asks."""
+    code = ("import sys; from rag_app import warm_engine; warm_engine.warm_request(['search', 'x'], {}); "
+            "warm_engine.own_socket(warm_engine.default_home()); "
+            "warm_engine.request_message(warm_engine.WarmRequest(warm_engine.default_home(), '', ['x']), []); "
+            "heavy = [m for m in ('llama_index', 'chromadb', 'jieba', 'torch', 'rag_app.engine', 'rag_app.shells.cli', "
+            "'pydantic', 'numpy') if m in sys.modules]; print(heavy)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "[]", done.stderr
