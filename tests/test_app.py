@@ -103,7 +103,7 @@ def test_page_builds_with_every_panel(page: app.ChatPage) -> None:
 def test_the_page_module_is_installed_and_app_py_only_launches_it() -> None:
     launcher = (REPO / "app.py").read_text(encoding="utf-8")
     assert "from rag_app.shells.page import serve" in launcher and "gr." not in launcher
-    assert Path(app.__file__).resolve().parent == REPO / "rag_app"
+    assert Path(app.__file__).resolve().parent == REPO / "rag_app" / "shells"
 
 
 def test_an_extractive_answer_streams_then_links_every_citation_into_the_page(page: app.ChatPage) -> None:

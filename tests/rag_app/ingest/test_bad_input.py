@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -117,25 +116,33 @@ def billion_laughs(levels: int = 9) -> str:
     return "---\n" + "\n".join(lines) + "\n---\n# Laughs\n\nstill here"
 
 
+LAUNCHER = """
+import json, os, resource, subprocess, sys
+cpu, space, out, err, *command = sys.argv[1:]
+def limits():
+    resource.setrlimit(resource.RLIMIT_CPU, (int(cpu), int(cpu)))
+    resource.setrlimit(resource.RLIMIT_AS, (int(space), int(space)))
+with open(out, "wb") as o, open(err, "wb") as e:
+    child = subprocess.Popen(command, stdout=o, stderr=e, preexec_fn=limits)
+    _, status, usage = os.wait4(child.pid, 0)
+print(json.dumps([os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime, usage.ru_maxrss]))
+"""
+
+
 def bounded_sync(home: Path, vault: Path, cpu_seconds: int, address_space: int) -> tuple[int, dict, str, float, int]:
     """A real `brain sync` process under hard CPU and address-space limits (so a regression fails instead of eating
-    the machine): (exit code, JSON report, stderr, CPU seconds, peak RSS in KB), measured by wait4 for this child."""
-
-    def limits() -> None:
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
-        resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
-
+    the machine): (exit code, JSON report, stderr, CPU seconds, peak RSS in KB), measured by wait4 for that child.
+    A small launcher forks it: Linux counts the memory of the process a child was forked from in its peak RSS, and
+    this test process may hold a gigabyte of models by then."""
     out_path, err_path = home / "stdout.json", home / "stderr.txt"
-    with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        process = subprocess.Popen(
-            [str(Path(sys.executable).parent / "brain"), "--home", str(home), "sync", "--vault", str(vault), "--json",
-             "--no-progress"], stdout=out, stderr=err, cwd=REPO, preexec_fn=limits)
-        _, status, usage = os.wait4(process.pid, 0)
-    process.returncode = os.waitstatus_to_exitcode(status)
+    command = [str(Path(sys.executable).parent / "brain"), "--home", str(home), "sync", "--vault", str(vault), "--json",
+               "--no-progress"]
+    launched = subprocess.run([sys.executable, "-c", LAUNCHER, str(cpu_seconds), str(address_space), str(out_path),
+                               str(err_path), *command], capture_output=True, text=True, cwd=REPO, check=True)
+    code, cpu, peak_kb = json.loads(launched.stdout)
     stdout = out_path.read_text(encoding="utf-8")
     report = json.loads(stdout) if stdout.strip() else {}
-    return (process.returncode, report, err_path.read_text(encoding="utf-8"), usage.ru_utime + usage.ru_stime,
-            usage.ru_maxrss)
+    return code, report, err_path.read_text(encoding="utf-8"), cpu, peak_kb
 
 
 def test_a_yaml_alias_bomb_is_refused_within_measured_cpu_and_memory(home, make_vault):
