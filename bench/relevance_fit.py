@@ -138,7 +138,9 @@ def collect(shared: Path, name: str, config: str, limit: int) -> list[dict]:
     """Run every question of the set through the real search path once; cached (delete the file to re-run)."""
     path = OUT / "relevance" / f"{name}-{config}-{limit}.json"
     if path.exists():
-        return json.loads(path.read_text(encoding="utf-8"))
+        cached = json.loads(path.read_text(encoding="utf-8"))
+        if not stale(cached):
+            return cached
     from rag_app.search.retrieve import SearchIndex, search
 
     eval_set = materialise(shared, load_set(shared, name), OUT)
@@ -158,6 +160,17 @@ def collect(shared: Path, name: str, config: str, limit: int) -> list[dict]:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(rows, ensure_ascii=False), encoding="utf-8")
     return rows
+
+
+def stale(questions: list[dict]) -> bool:
+    """A cache written before a lexical feature the model reads existed (it is re-run)."""
+    lexical = set(relevance.FEATURES) - {"e5", "e5_gap", "use", "use_gap", relevance.AGREE}
+    for question in questions:
+        for result in question["results"]:
+            for _, features in result["evidence"]:
+                if "lexical" in features:
+                    return not lexical <= set(features)
+    return False
 
 
 def fit_logistic(x: np.ndarray, y: np.ndarray, w: np.ndarray, l2: float = L2) -> np.ndarray:
