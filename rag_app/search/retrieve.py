@@ -784,7 +784,7 @@ def note_evidence(index: SearchIndex, fusion: NoteFusionRetriever, note_ids: lis
             if (query, name) in fusion.skipped_runs or (name != "bm25" and (not hits or small)):
                 continue
             if name == "bm25":
-                _lexical_features(fusion, query, chunks_of, title_tokens, features, small)
+                _lexical_features(fusion, query, chunks_of, title_tokens, features, small, note_by_chunk)
                 ran.append(name)
             elif _dense_features(index, query, models[name], hits, chunks_of, features, pool):
                 ran.append(name)
@@ -801,10 +801,13 @@ def note_evidence(index: SearchIndex, fusion: NoteFusionRetriever, note_ids: lis
 
 
 def _lexical_features(fusion: NoteFusionRetriever, query: str, chunks_of: dict[str, list[str]],
-                      title_tokens: dict[str, set[str]], features: dict[str, dict[str, float]], small: bool) -> None:
-    """Per note: the share of the query's IDF mass its best chunk holds, the share its title and tags hold, how
-    much of the query the notes know at all, and how far its BM25 score stands out of BM25's list. In a `small`
-    pool a word no note has says nothing (a handful of notes lacks most words): shares are of the known words."""
+                      title_tokens: dict[str, set[str]], features: dict[str, dict[str, float]], small: bool,
+                      note_by_chunk: dict[str, str]) -> None:
+    """Per note: the share of the query's IDF mass its best chunk holds, how far that stands above the best other
+    note among the query's candidates (several notes holding the query alike make any one of them less surely the
+    answer), the share its title and tags hold, how much of the query the notes know at all, how far its BM25 score
+    stands out of BM25's list, and what of the query's specifics its best chunk lacks. In a `small` pool a word no
+    note has says nothing (a handful of notes lacks most words): shares are of the known words."""
     terms, contains = fusion._evidence(query)
     if terms is None:
         return
@@ -814,32 +817,40 @@ def _lexical_features(fusion: NoteFusionRetriever, query: str, chunks_of: dict[s
         weights = np.where(unknown, 0.0, weights)
     total = float(weights.sum())
     known = float(weights[~unknown].sum()) / total if total > 0 else 0.0
-    every = [c for chunks in chunks_of.values() for c in chunks]
+    lists = fusion._lists(query, fusion.results)
+    every = list(dict.fromkeys([c for chunks in chunks_of.values() for c in chunks]
+                               + [c for hits in lists.values() for c, _ in hits]))
     matrix = contains(every) if every else np.zeros((0, len(weights)), dtype=bool)
     row = {chunk_id: i for i, chunk_id in enumerate(every)}
-    gaps = _list_gaps([] if small else fusion._lists(query, fusion.results)["bm25"], chunks_of)
+    share = matrix @ weights / total if total > 0 else np.zeros(len(every))
+    best_of: dict[str, float] = {}
+    for chunk_id, value in zip(every, share, strict=True):
+        note = note_by_chunk.get(chunk_id, chunk_id)
+        best_of[note] = max(best_of.get(note, 0.0), float(value))
+    gaps = _list_gaps([] if small else lists["bm25"], chunks_of)
     for note, chunks in chunks_of.items():
         held = matrix[[row[c] for c in chunks]] if chunks else np.zeros((1, len(weights)), dtype=bool)
         covered = held @ weights
+        lexical = float(covered.max()) / total if total > 0 else 0.0
+        rival = max((v for other, v in best_of.items() if other != note), default=0.0)
         titled = sum(w for t, w in zip(terms.tokens, weights, strict=True) if t in title_tokens.get(note, ()))
-        features[note].update(lexical=float(covered.max()) / total if total > 0 else 0.0, known=known,
+        features[note].update(lexical=lexical, lexical_margin=lexical - rival, known=known,
                               title=float(titled) / total if total > 0 else 0.0, bm25_gap=gaps[note],
-                              **specifics(terms.tokens, weights, held[int(covered.argmax())], held.any(axis=0)))
+                              **specifics(terms.tokens, weights, held[int(covered.argmax())]))
 
 
-def specifics(tokens: list[str], weights: np.ndarray, best: np.ndarray, anywhere: np.ndarray) -> dict[str, float]:
-    """What a passage about another event lacks although it holds most of the query's words: the query's numbers
-    (2022, 第三届, 3月) missing from the note's best chunk, its rarest content word missing there, and its specific
-    words (Latin words, numbers, CJK words of 3+ characters) missing there, or found only spread over the note's other
-    chunks. `best`: which tokens the note's best chunk holds; `anywhere`: which any of its chunks holds."""
+def specifics(tokens: list[str], weights: np.ndarray, best: np.ndarray) -> dict[str, float]:
+    """What a passage about another event lacks although it holds most of the query's words (`best`: which of the
+    query's tokens the note's best chunk holds): the query's numbers (2022, 第三届, 3月) missing there, its rarest
+    content word missing there, and the IDF share of its specific words (Latin words, numbers, CJK words of 3+
+    characters) missing there."""
     numbers = np.asarray([bool(_NUMBER.search(t)) for t in tokens], dtype=bool) & (weights > 0)
     specific = numbers | np.asarray([not _HAN_WORD.fullmatch(t) or len(t) >= 3 for t in tokens], dtype=bool)
     specific &= weights > 0
     mass = float(weights[specific].sum())
     return {"number_missed": float((numbers & ~best).sum()) / numbers.sum() if numbers.any() else 0.0,
             "rarest_missed": float(not best[int(weights.argmax())]) if weights.size and weights.max() > 0 else 0.0,
-            "specific_missed": float(weights[specific & ~best].sum()) / mass if mass > 0 else 0.0,
-            "specific_spread": float(weights[specific & ~best & anywhere].sum()) / mass if mass > 0 else 0.0}
+            "specific_missed": float(weights[specific & ~best].sum()) / mass if mass > 0 else 0.0}
 
 
 def _list_gaps(hits: list[tuple[str, float]], chunks_of: dict[str, list[str]]) -> dict[str, float]:

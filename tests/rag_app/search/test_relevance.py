@@ -33,22 +33,22 @@ def test_a_passage_about_another_year_misses_the_querys_number() -> None:
     tokens = ["2022", "年", "北京", "冬奥", "冬奥会", "口号"]  # tokenize("2022年北京冬奥会的口号")
     weights = np.asarray([3.0, 0.4, 2.0, 4.0, 4.5, 3.0])
     of_2008 = np.asarray([False, True, True, True, True, True])  # 2008年北京奥运会 ... 口号: every word but the year
-    missed = specifics(tokens, weights, best=of_2008, anywhere=of_2008)
+    missed = specifics(tokens, weights, best=of_2008)
     assert missed["number_missed"] == 1.0 and missed["rarest_missed"] == 0.0
     assert missed["specific_missed"] == pytest.approx(3.0 / (3.0 + 4.5))  # 2022 and 冬奥会 are specific; 冬奥 is not
-    held = specifics(tokens, weights, best=np.ones(6, dtype=bool), anywhere=np.ones(6, dtype=bool))
-    assert held == {"number_missed": 0.0, "rarest_missed": 0.0, "specific_missed": 0.0, "specific_spread": 0.0}
+    held = specifics(tokens, weights, best=np.ones(6, dtype=bool))
+    assert held == {"number_missed": 0.0, "rarest_missed": 0.0, "specific_missed": 0.0}
 
 
-def test_a_querys_specific_words_spread_over_a_note_are_not_held_together() -> None:
+def test_a_passage_holding_the_querys_common_words_misses_its_rarest_one() -> None:
     tokens = ["卡塔", "塔尔", "卡塔尔", "世界", "世界杯", "冠军"]  # tokenize("卡塔尔世界杯的冠军")
-    weights = np.asarray([5.0, 5.0, 5.0, 1.0, 3.0, 2.0])
-    coach = np.asarray([True, True, True, True, False, True])  # a coach's biography: 卡塔尔 here, 世界杯 elsewhere
-    got = specifics(tokens, weights, best=coach, anywhere=np.ones(6, dtype=bool))
-    assert got["rarest_missed"] == 0.0 and got["number_missed"] == 0.0  # no number asked: nothing to miss
-    assert got["specific_missed"] == got["specific_spread"] == pytest.approx(3.0 / 8.0)
-    question_words_only = specifics(["哪", "年"], np.asarray([0.0, 0.0]), np.zeros(2, dtype=bool), np.zeros(2, dtype=bool))
-    assert set(question_words_only.values()) == {0.0}
+    weights = np.asarray([5.0, 5.0, 6.0, 1.0, 3.0, 2.0])
+    coach = np.asarray([True, True, False, True, True, True])  # a coach's biography: 卡塔 and 塔尔, never 卡塔尔
+    got = specifics(tokens, weights, best=coach)
+    assert got["rarest_missed"] == 1.0 and got["number_missed"] == 0.0  # no number asked: none missed
+    assert got["specific_missed"] == pytest.approx(6.0 / 9.0)
+    only_question_words = specifics(["哪", "年"], np.zeros(2), best=np.zeros(2, dtype=bool))
+    assert set(only_question_words.values()) == {0.0}
 
 
 def test_channel_keys_name_model_families_in_a_fixed_order() -> None:
