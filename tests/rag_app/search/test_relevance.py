@@ -135,3 +135,24 @@ def test_in_a_handful_of_notes_the_words_decide(home, make_vault) -> None:
 def test_a_filter_that_leaves_a_few_notes_still_finds_the_one_named(sample_brain) -> None:
     response = sample_brain.search("电影清单", k=3, tags=("电影",), expand=False)
     assert [r["title"] for r in response.results] == ["电影清单"] and response.results[0]["strength"] == "strong"
+
+
+def test_a_note_is_less_surely_the_answer_when_another_holds_the_query_alike(home, make_vault) -> None:
+    """Two recipes for 红烧肉 hold 红烧肉怎么做 alike, so neither stands above the other (lexical_margin ~0); the one
+    番茄炒蛋 note stands above every other note; with all else equal the margin raises relevance."""
+    from rag_app.engine import Brain
+
+    brain = Brain(home)
+    vault = {"番茄炒蛋.md": "# 番茄炒蛋\n\n先炒蛋，再炒番茄，最后加糖和盐。\n",
+             "红烧肉.md": "# 红烧肉\n\n五花肉切块焯水，加冰糖炒色，再加酱油和水炖一小时。\n",
+             "红烧肉（妈妈的做法）.md": "# 红烧肉（妈妈的做法）\n\n五花肉焯水后煎香，加冰糖和酱油，小火炖一小时。\n",
+             "跑步记录.md": "# 跑步记录\n\n今天跑了五公里，配速六分钟。\n"}
+    assert not brain.sync(vaults=(str(make_vault(vault)),)).failed
+    alone = brain.search("番茄炒蛋怎么做", k=3, expand=False)
+    alike = brain.search("红烧肉怎么做", k=3, expand=False)
+    brain.close()
+    alone_key, alone_features = alone.evidence[alone.results[0]["note_id"]][0]
+    alike_key, alike_features = alike.evidence[alike.results[0]["note_id"]][0]
+    assert alone_features["lexical_margin"] > 0.5 and abs(alike_features["lexical_margin"]) < 0.05
+    standing_out = alike_features | {"lexical_margin": alone_features["lexical_margin"]}
+    assert probability(alike_key, standing_out) > probability(alike_key, alike_features)
