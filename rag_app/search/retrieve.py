@@ -40,7 +40,6 @@ EXCERPT_CHARS = 300
 log = logging.getLogger("cflow_brain.retrieve")
 BACKGROUND_SAMPLE = 512  # chunks whose similarity to a query is its background (fixed per index generation)
 BACKGROUND_SLICES = 8  # read as this many evenly spaced runs of the collection
-_HAN_WORD = re.compile(r"[\u3400-\u9fff]+")
 _NUMBER = re.compile(r"\d|^第[一二三四五六七八九十百千两]+")  # 2022, 3, 第三届
 MIN_POOL = 30  # chunks a search must be able to return before a hit's standing out means anything (note_evidence)
 GATED_SKIP = 0.01
@@ -841,16 +840,11 @@ def _lexical_features(fusion: NoteFusionRetriever, query: str, chunks_of: dict[s
 
 def specifics(tokens: list[str], weights: np.ndarray, best: np.ndarray) -> dict[str, float]:
     """What a passage about another event lacks although it holds most of the query's words (`best`: which of the
-    query's tokens the note's best chunk holds): the query's numbers (2022, 第三届, 3月) missing there, its rarest
-    content word missing there, and the IDF share of its specific words (Latin words, numbers, CJK words of 3+
-    characters) missing there."""
+    query's tokens the note's best chunk holds): the query's numbers (2022, 第三届, 3月) missing there, and its rarest
+    content word missing there."""
     numbers = np.asarray([bool(_NUMBER.search(t)) for t in tokens], dtype=bool) & (weights > 0)
-    specific = numbers | np.asarray([not _HAN_WORD.fullmatch(t) or len(t) >= 3 for t in tokens], dtype=bool)
-    specific &= weights > 0
-    mass = float(weights[specific].sum())
     return {"number_missed": float((numbers & ~best).sum()) / numbers.sum() if numbers.any() else 0.0,
-            "rarest_missed": float(not best[int(weights.argmax())]) if weights.size and weights.max() > 0 else 0.0,
-            "specific_missed": float(weights[specific & ~best].sum()) / mass if mass > 0 else 0.0}
+            "rarest_missed": float(not best[int(weights.argmax())]) if weights.size and weights.max() > 0 else 0.0}
 
 
 def _list_gaps(hits: list[tuple[str, float]], chunks_of: dict[str, list[str]]) -> dict[str, float]:
