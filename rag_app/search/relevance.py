@@ -2,9 +2,11 @@
 "not in your notes" state derived from it, the same on every shell.
 
 The fused score ranks well but means nothing across queries (an off-topic best hit scores like a real one), so
-relevance is computed from evidence that does: how much of the query's IDF mass the note contains (and its title),
-how much of the query the notes know at all, each dense channel's similarity against the query's own background
-(a z-score over a fixed sample of chunks, less the expected best of that many draws) and whether the channels agree.
+relevance is computed from evidence that does: how much of the query's IDF mass the note contains (and its title)
+and how far that stands above the other candidate notes, whether its best chunk lacks the query's numbers or rarest
+word (a passage on another event often holds every other word), how much of the query the notes know at all, each
+dense channel's similarity against the query's own background (a z-score over a fixed sample of chunks, less the
+expected best of that many draws) and whether the channels agree.
 A logistic model per set of channels that ran turns that into a probability; `bench/relevance_fit.py` fits it on the
 dev sets (answerable queries and other sets' queries asked of each corpus) and writes `relevance_model.json`.
 """
