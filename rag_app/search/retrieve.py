@@ -40,7 +40,7 @@ EXCERPT_CHARS = 300
 log = logging.getLogger("cflow_brain.retrieve")
 BACKGROUND_SAMPLE = 512  # chunks whose similarity to a query is its background (fixed per index generation)
 BACKGROUND_SLICES = 8  # read as this many evenly spaced runs of the collection
-_NUMBER = re.compile(r"\d|^第[一二三四五六七八九十百千两]+")  # 2022, 3, 第三届
+_NUMBER = re.compile(r"\d")  # 2022, 3月; not 第二部 (in "第二部是谁导演的" a place in a list, not an event)
 MIN_POOL = 30  # chunks a search must be able to return before a hit's standing out means anything (note_evidence)
 GATED_SKIP = 0.01
 CONFIDENCE_CAP = 2.0
@@ -840,10 +840,10 @@ def _lexical_features(fusion: NoteFusionRetriever, query: str, chunks_of: dict[s
 
 def specifics(tokens: list[str], weights: np.ndarray, best: np.ndarray) -> dict[str, float]:
     """What a passage about another event lacks although it holds most of the query's words (`best`: which of the
-    query's tokens the note's best chunk holds): the query's numbers (2022, 第三届, 3月) missing there, and its rarest
+    query's tokens the note's best chunk holds): the query's numbers (2022年, 3月) missing there, and its rarest
     content word missing there."""
     numbers = np.asarray([bool(_NUMBER.search(t)) for t in tokens], dtype=bool) & (weights > 0)
-    return {"number_missed": float((numbers & ~best).sum()) / numbers.sum() if numbers.any() else 0.0,
+    return {"number_missed": float((numbers & ~best).sum() / numbers.sum()) if numbers.any() else 0.0,
             "rarest_missed": float(not best[int(weights.argmax())]) if weights.size and weights.max() > 0 else 0.0}
 
 

@@ -39,6 +39,8 @@ def test_a_passage_about_another_year_misses_the_querys_number() -> None:
     march_15th = ["3", "月", "15", "日", "发生"]  # tokenize("3月15日发生了什么")
     two_numbers = specifics(march_15th, np.ones(5), best=np.asarray([True, True, False, True, True]))
     assert two_numbers["number_missed"] == 0.5  # 3月 held, the 15th not
+    second_in_a_list = specifics(["第二", "二部", "导演"], np.ones(3), best=np.asarray([False, False, True]))
+    assert second_in_a_list["number_missed"] == 0.0  # 第二部是谁导演的: a place in a list, not an event's number
 
 
 def test_a_passage_holding_the_querys_common_words_misses_its_rarest_one() -> None:
