@@ -106,6 +106,29 @@ def warm_request(argv: list[str], environ: dict[str, str] | os._Environ[str]) ->
     """The request for this command line, or None when it runs in-process: --no-daemon (or BRAIN_NO_DAEMON), a
     command the warm engine does not answer, help or version, an option this scan does not know (click judges it),
     and `search --queries` (it reads a file or stdin of this process)."""
+    scanned = _scan(argv, environ)
+    if scanned is None:
+        return None
+    home, store_url, no_daemon, args = scanned
+    if no_daemon or not args or args[0] not in WARM_COMMANDS:
+        return None
+    if _refused_args(args[1:]):
+        return None
+    home_path = Path(home).expanduser() if home else default_home()
+    return WarmRequest(home_path.absolute(), store_url, args)
+
+
+def one_shot(argv: list[str]) -> bool:
+    """Whether this command line runs one everyday command (search, ask, get, status, sessions) on one thread and
+    ends: such a process may defer LlamaIndex's package imports (shells/lazy_packages.py); watch, serve, mcp may not."""
+    scanned = _scan(argv, {})
+    return scanned is not None and bool(scanned[3]) and scanned[3][0] in WARM_COMMANDS
+
+
+def _scan(argv: list[str],
+          environ: dict[str, str] | os._Environ[str]) -> tuple[str | None, str, bool, list[str]] | None:
+    """(home, store url, no daemon, the command and its args) of a command line; None when an option before the
+    command is one this scan does not know."""
     home = environ.get("BRAIN_HOME") or None
     store_url = environ.get("BRAIN_STORE_URL") or ""
     no_daemon = environ.get(NO_DAEMON_ENV, "").strip().lower() in _TRUE
@@ -127,13 +150,7 @@ def warm_request(argv: list[str], environ: dict[str, str] | os._Environ[str]) ->
         else:
             return None
         at += 1
-    args = argv[at:]
-    if no_daemon or not args or args[0] not in WARM_COMMANDS:
-        return None
-    if _refused_args(args[1:]):
-        return None
-    home_path = Path(home).expanduser() if home else default_home()
-    return WarmRequest(home_path.absolute(), store_url, args)
+    return home, store_url, no_daemon, argv[at:]
 
 
 def own_socket(home: Path) -> Path | None:
@@ -250,6 +267,10 @@ def main() -> None:
         else:
             if code is not None:
                 sys.exit(code)
+    if one_shot(sys.argv[1:]):
+        from rag_app.shells.lazy_packages import defer_package_inits
+
+        defer_package_inits()
     from rag_app.shells.cli import main as run_in_process
 
     run_in_process()

@@ -1,0 +1,148 @@
+"""Package `__init__`s that import a name only when it is asked for, for one-shot `brain` processes.
+
+Importing any `llama_index.core.<module>` first runs `llama_index/core/__init__.py`, which imports every index, chat
+engine, agent, memory (SQLAlchemy) and prompt of LlamaIndex: ~650 modules and ~0.7 s of CPU, of which a search uses
+none (it needs the retriever, node and embedding base classes: ~0.45 s). `defer_package_inits(root)` makes the
+packages under `root` import what their `__init__` re-exports (`from .base import CallbackManager`) only when that
+name is first read; their own statements (a logger's handler, module globals) run as they always do. Importing
+`llama_index.core.retrievers.fusion_retriever` then loads what that module needs and nothing else, and code that
+reads `llama_index.core.VectorStoreIndex` still gets it, imported then.
+
+Only for a process that runs one command and ends (rag_app.shells.warm_engine.main): its imports happen on one thread.
+Long-running shells import LlamaIndex whole, on their main thread, before starting threads (Brain.load_libraries).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import threading
+from types import ModuleType
+from typing import Any
+
+LLAMA_INDEX = "llama_index.core"
+_RESOLVING = threading.RLock()
+
+
+def defer_package_inits(root: str = LLAMA_INDEX) -> None:
+    """From now on, packages under `root` (and `root` itself) imported for the first time resolve their re-exports on
+    first use. Call it before anything imports `root`; calling it again changes nothing."""
+    if not any(isinstance(f, _DeferringFinder) and f.root == root for f in sys.meta_path):
+        sys.meta_path.insert(0, _DeferringFinder(root))
+
+
+def deferred_names(module: ModuleType) -> dict[str, tuple[str, str | None]]:
+    """What a deferred package re-exports and has not imported yet: name → (module, attribute or None for the module
+    itself). Empty for a package imported the usual way."""
+    exports: dict[str, tuple[str, str | None]] = getattr(module, "__deferred_exports__", {})
+    return {name: target for name, target in exports.items() if name not in module.__dict__}
+
+
+class _DeferringFinder(importlib.abc.MetaPathFinder):
+    """Finds packages under `root` as the path finder does, and hands their `__init__` to a _DeferringLoader."""
+
+    def __init__(self, root: str):
+        self.root = root
+
+    def find_spec(self, name: str, path: Any,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if name != self.root and not name.startswith(self.root + "."):
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.submodule_search_locations is None:
+            return None  # a plain module: imported as usual
+        if not isinstance(spec.loader, importlib.machinery.SourceFileLoader):
+            return None  # no source to read its imports from
+        spec.loader = _DeferringLoader(spec.loader, self.root)
+        return spec
+
+
+class _DeferringLoader(importlib.abc.Loader):
+    """Runs a package `__init__` without its imports of modules under `root`; those names resolve on first use."""
+
+    def __init__(self, real: importlib.machinery.SourceFileLoader, root: str):
+        self.real, self.root = real, root
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return None
+
+    def exec_module(self, module: ModuleType) -> None:
+        name = module.__name__
+        source = self.real.get_source(name)
+        if source is None:
+            self.real.exec_module(module)
+            return
+        body, exports = split_init(ast.parse(source), name, self.root)
+        module.__dict__["__deferred_exports__"] = exports
+        module.__dict__["__getattr__"] = _resolver(module, exports)
+        exec(compile(ast.Module(body=body, type_ignores=[]), self.real.get_filename(name), "exec"), module.__dict__)
+
+    def __getattr__(self, attr: str) -> Any:  # get_data, get_resource_reader, is_package...: the real loader's
+        return getattr(self.real, attr)
+
+
+def split_init(tree: ast.Module, package: str, root: str) -> tuple[list[ast.stmt], dict[str, tuple[str, str | None]]]:
+    """An `__init__`'s statements to run now, and the names it imports from modules under `root` (resolved later):
+    `from X import a as b` → b: (X, a); `import X as b` → b: (X, None); `c = b` of such a name → c: the same.
+    Annotations of module globals are dropped (they name classes that are not imported yet); everything else runs."""
+    exports: dict[str, tuple[str, str | None]] = {}
+    body: list[ast.stmt] = []
+
+    def under_root(module: str) -> bool:
+        return module == root or module.startswith(root + ".")
+
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and not any(a.name == "*" for a in node.names):
+            source = importlib.util.resolve_name("." * node.level + (node.module or ""), package) if node.level \
+                else node.module or ""
+            if under_root(source):
+                exports.update({a.asname or a.name: (source, a.name) for a in node.names})
+                continue
+        elif isinstance(node, ast.Import) and all(a.asname and under_root(a.name) for a in node.names):
+            exports.update({a.asname: (a.name, None) for a in node.names if a.asname})
+            continue
+        elif (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+              and isinstance(node.value, ast.Name) and node.value.id in exports):
+            exports[node.targets[0].id] = exports[node.value.id]
+            continue
+        elif isinstance(node, ast.AnnAssign):
+            if node.value is None:
+                continue
+            node = ast.copy_location(ast.Assign(targets=[node.target], value=node.value), node)
+        body.append(node)
+    return [ast.fix_missing_locations(n) for n in body], exports
+
+
+def _resolver(module: ModuleType, exports: dict[str, tuple[str, str | None]]) -> Any:
+    """The package's module `__getattr__`: a re-exported name is imported now (and kept); so is a submodule read as
+    an attribute (the whole `__init__` would have imported it); anything else is missing, as it would be."""
+
+    def __getattr__(attr: str) -> Any:
+        if attr.startswith("__") and attr.endswith("__"):
+            raise AttributeError(f"module {module.__name__!r} has no attribute {attr!r}")
+        with _RESOLVING:
+            if attr in module.__dict__:
+                return module.__dict__[attr]
+            if attr in exports:
+                source, name = exports[attr]
+                value: Any = importlib.import_module(source)
+                if name is not None:
+                    try:
+                        value = getattr(value, name)
+                    except AttributeError:  # `from package import submodule`
+                        value = importlib.import_module(f"{source}.{name}")
+            else:
+                try:
+                    value = importlib.import_module(f"{module.__name__}.{attr}")
+                except ModuleNotFoundError as exc:
+                    if exc.name != f"{module.__name__}.{attr}":
+                        raise
+                    raise AttributeError(f"module {module.__name__!r} has no attribute {attr!r}") from None
+            setattr(module, attr, value)
+            return value
+
+    return __getattr__

@@ -1,0 +1,137 @@
+"""Deferred package inits (rag_app.shells.lazy_packages): a one-shot `brain` process imports the LlamaIndex modules its
+command uses, not the whole package, and answers exactly as a process that imported it whole."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from rag_app.shells.warm_engine import one_shot
+from tests.conftest import REPO, write_files
+
+FIXTURE_PACKAGE = {
+    "pkg/__init__.py": """
+        import logging
+        from typing import Optional
+        from pkg.heavy import Thing
+        from .light import small as tiny
+        Alias = Thing
+        counter: Optional[int] = 0
+        logging.getLogger("pkg").addHandler(logging.NullHandler())
+        __all__ = ["Thing", "tiny", "Alias"]
+    """,
+    "pkg/heavy.py": "import sys\nsys.modules['__main__'].LOADED.append('heavy')\nclass Thing: ...\n",
+    "pkg/light.py": "small = 'small'\n",
+    "pkg/sub/__init__.py": "from pkg.sub.leaf import LEAF\n",
+    "pkg/sub/leaf.py": "LEAF = 'leaf'\n",
+}
+
+
+def run_python(code: str, cwd: Path) -> str:
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, cwd=cwd,
+                          timeout=120, env={**os.environ, "PYTHONPATH": f"{cwd}{os.pathsep}{REPO}"})
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_a_deferred_package_runs_its_own_statements_and_imports_a_re_export_when_it_is_first_read(tmp_path):
+    write_files(tmp_path, {name: textwrap.dedent(text) for name, text in FIXTURE_PACKAGE.items()})
+    out = run_python("""
+        import logging, sys
+        LOADED = []
+        from rag_app.shells.lazy_packages import defer_package_inits, deferred_names
+        defer_package_inits("pkg")
+        import pkg.light
+        print("after import:", LOADED, pkg.counter, pkg.__all__, len(logging.getLogger("pkg").handlers))
+        print("waiting:", sorted(deferred_names(pkg)))
+        print("no dunder import:", hasattr(pkg, "__wrapped__"), LOADED)
+        from pkg import tiny
+        print("tiny:", tiny, LOADED)
+        print("alias:", pkg.Alias is pkg.Thing, pkg.Thing.__module__, LOADED)
+        print("submodule:", pkg.sub.LEAF, sorted(deferred_names(pkg.sub)))
+        print("missing:", hasattr(pkg, "nothing_here"))
+        from pkg import *
+        print("star:", Thing is Alias, tiny)
+    """, tmp_path)
+    assert out.splitlines() == [
+        "after import: [] 0 ['Thing', 'tiny', 'Alias'] 1",
+        "waiting: ['Alias', 'Thing', 'tiny']",
+        "no dunder import: False []",
+        "tiny: small []",
+        "alias: True pkg.heavy ['heavy']",
+        "submodule: leaf []",
+        "missing: False",
+        "star: True small",
+    ]
+
+
+def test_every_llama_index_core_package_init_defers_cleanly():
+    """Each of LlamaIndex's package inits runs deferred without error and keeps only the statements of its own (an
+    upgrade whose init needs an imported name at import time fails here, not in a user's search)."""
+    out = run_python("""
+        import pkgutil, importlib, json
+        from rag_app.shells.lazy_packages import defer_package_inits, deferred_names
+        defer_package_inits()
+        import llama_index.core as core
+        packages = [m.name for m in pkgutil.walk_packages(core.__path__, "llama_index.core.") if m.ispkg]
+        waiting = {}
+        for name in ["llama_index.core", *packages]:
+            try:
+                waiting[name] = len(deferred_names(importlib.import_module(name)))
+            except Exception as exc:
+                waiting[name] = f"{type(exc).__name__}: {exc}"
+        print(json.dumps(waiting))
+    """, REPO)
+    waiting = json.loads(out)
+    assert len(waiting) > 50
+    assert {name: error for name, error in waiting.items() if isinstance(error, str)} == {}
+    assert waiting["llama_index.core"] > 30  # VectorStoreIndex, Settings, ...: none imported by the package itself
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["search", "q"], True),
+    (["--home", "h", "--no-daemon", "ask", "q", "--json"], True),
+    (["--home=h", "get", "vault:x/a.md"], True),
+    (["status"], True),
+    (["watch"], False),
+    (["serve"], False),
+    (["mcp"], False),
+    (["sync", "--vault", "v"], False),
+    (["--verbose-unknown", "search", "q"], False),
+    ([], False),
+])
+def test_only_the_everyday_commands_run_with_deferred_package_inits(argv, expected):
+    assert one_shot(argv) is expected
+
+
+def test_a_cold_search_and_ask_import_no_index_chat_engine_or_sqlalchemy_and_answer_as_a_full_import_does(
+        home, make_vault, tmp_path):
+    vault = make_vault({
+        "films.md": "# 电影清单\n\n今年想看的电影：星际穿越、千与千寻。周末去电影院观影。\n",
+        "deploy.md": "# Deploy\n\nHow we deploy the service: build the image, push it, roll out with kubectl.\n",
+        "run.md": "# 跑步\n\n跑步配速记录：5 公里 28 分钟。\n",
+    })
+    synced = subprocess.run([sys.executable, "-m", "rag_app.shells.cli", "--home", str(home), "sync", "--vault",
+                             str(vault)], capture_output=True, text=True, timeout=300)
+    assert synced.returncode == 0, synced.stderr
+    modules = tmp_path / "modules.json"
+    for command in (["search", "观影", "--json"], ["ask", "how do we deploy the service", "--json"]):
+        argv = ["brain", "--home", str(home), "--no-daemon", *command]
+        lazy = subprocess.run(
+            [sys.executable, "-c", "import atexit, json, sys\n"
+             f"atexit.register(lambda: open({str(modules)!r}, 'w').write(json.dumps(sorted(sys.modules))))\n"
+             f"sys.argv = {argv!r}\nfrom rag_app.shells.warm_engine import main\nmain()"],
+            capture_output=True, text=True, timeout=300, cwd=REPO)
+        whole = subprocess.run([sys.executable, "-m", "rag_app.shells.cli", *argv[1:]], capture_output=True, text=True,
+                               timeout=300, cwd=REPO)
+        assert lazy.returncode == whole.returncode == 0, lazy.stderr[-2000:] + whole.stderr
+        imported = set(json.loads(modules.read_text()))
+        assert "llama_index.core.retrievers.fusion_retriever" in imported
+        assert not imported & {"llama_index.core.indices.base", "llama_index.core.chat_engine", "sqlalchemy"}
+        assert json.loads(lazy.stdout) == json.loads(whole.stdout)
