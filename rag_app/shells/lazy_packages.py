@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ast
 import importlib
-import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
@@ -42,8 +41,9 @@ def deferred_names(module: ModuleType) -> dict[str, tuple[str, str | None]]:
     return {name: target for name, target in exports.items() if name not in module.__dict__}
 
 
-class _DeferringFinder(importlib.abc.MetaPathFinder):
-    """Finds packages under `root` as the path finder does, and hands their `__init__` to a _DeferringLoader."""
+class _DeferringFinder:
+    """A meta path finder: packages under `root` as the path finder finds them, their `__init__` handed to a
+    _DeferringLoader. (Not an importlib.abc subclass: importing importlib.abc costs more than this module.)"""
 
     def __init__(self, root: str):
         self.root = root
@@ -61,7 +61,7 @@ class _DeferringFinder(importlib.abc.MetaPathFinder):
         return spec
 
 
-class _DeferringLoader(importlib.abc.Loader):
+class _DeferringLoader:
     """Runs a package `__init__` without its imports of modules under `root`; those names resolve on first use."""
 
     def __init__(self, real: importlib.machinery.SourceFileLoader, root: str):
