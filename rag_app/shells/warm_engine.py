@@ -40,7 +40,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 WARM_COMMANDS = frozenset({"search", "ask", "get", "status", "sessions"})
 SOCKET_DIR, SOCKET_NAME, LOCK_NAME = "warm", "engine.sock", "engine.lock"
@@ -267,11 +267,19 @@ def main() -> None:
         else:
             if code is not None:
                 sys.exit(code)
-    if one_shot(sys.argv[1:]):
+    lean = one_shot(sys.argv[1:])
+    if lean:
         _lean_start()
     from rag_app.shells.cli import main as run_in_process
 
-    run_in_process()
+    if not lean:
+        run_in_process()
+        return
+    try:
+        run_in_process()
+    except SystemExit as exc:
+        _end_now(exc.code)
+    _end_now(0)
 
 
 def _lean_start() -> None:
@@ -284,6 +292,27 @@ def _lean_start() -> None:
 
     gc.set_threshold(50_000, 10, 10)
     defer_package_inits()
+
+
+def _end_now(code: object) -> NoReturn:
+    """End a one-shot command's process without the interpreter's teardown, which frees ~1,400 modules one by one
+    (~0.3 s of CPU after the answer is printed). What must outlast the process is flushed first: the log
+    (logging.shutdown, the only exit handler that keeps anything), stdout and stderr. These commands write nothing
+    else that is not already committed (sessions are SQLite transactions)."""
+    import logging
+
+    if code is None or isinstance(code, int):
+        status = code or 0
+    else:  # sys.exit("message"), as the interpreter would report it
+        print(code, file=sys.stderr)
+        status = 1
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader that went away (`brain search ... | head`), a closed stream
+            pass
+    os._exit(status)
 
 
 # ---------------------------------------------------------------------------------------------------------- server

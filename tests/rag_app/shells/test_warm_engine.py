@@ -527,3 +527,41 @@ def test_trying_the_warm_engine_imports_no_engine():
             "'pydantic', 'numpy') if m in sys.modules]; print(heavy)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "[]", done.stderr
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["search", "q"], True),
+    (["--home", "h", "--no-daemon", "ask", "q", "--json"], True),
+    (["--home=h", "get", "vault:x/a.md"], True),
+    (["status"], True),
+    (["watch"], False),
+    (["serve"], False),
+    (["mcp"], False),
+    (["sync", "--vault", "v"], False),
+    (["--verbose-unknown", "search", "q"], False),
+    ([], False),
+])
+def test_only_the_everyday_commands_start_lean_and_end_without_teardown(argv, expected):
+    assert warm_engine.one_shot(argv) is expected
+
+
+def test_a_one_shot_command_ends_with_all_its_output_its_exit_code_and_its_session_turn_kept(home, tmp_path):
+    """In-process everyday commands end without the interpreter's teardown: nothing they print or store is lost."""
+    vault = tmp_path / "notes"
+    vault.mkdir()
+    for n in range(30):
+        (vault / f"note-{n}.md").write_text(f"# Note {n}\n\nDeploy step {n}: build, push, roll out.\n",
+                                           encoding="utf-8")
+    synced = subprocess.run([sys.executable, "-m", "rag_app.shells.cli", "--home", str(home), "sync", "--vault",
+                             str(vault)], capture_output=True, text=True, timeout=300, env=clean_env())
+    assert synced.returncode == 0, synced.stderr
+    found = brain(home, "--no-daemon", "search", "deploy step", "-k", "20", "--json")
+    assert found.returncode == 0 and len(json.loads(found.stdout)["results"]) == 20, found.stderr
+    asked = brain(home, "--no-daemon", "ask", "how do I deploy", "--session", "kept", "--json")
+    assert asked.returncode == 0, asked.stderr
+    listed = brain(home, "--no-daemon", "sessions", "--json")
+    assert [(s["name"], s["turns"]) for s in json.loads(listed.stdout)] == [("kept", 1)]
+    missing = brain(home, "--no-daemon", "get", "vault:notes/none.md")
+    whole = subprocess.run([sys.executable, "-m", "rag_app.shells.cli", "--home", str(home), "get",
+                            "vault:notes/none.md"], capture_output=True, text=True, timeout=300, env=clean_env())
+    assert (missing.returncode, missing.stderr) == (whole.returncode, whole.stderr) != (0, "")
