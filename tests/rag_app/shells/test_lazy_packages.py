@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 from tests.conftest import REPO, write_files
+from tests.doubles.openai_server import OpenAIDouble
 
 FIXTURE_PACKAGE = {
     "pkg/__init__.py": """
@@ -93,6 +94,7 @@ def test_every_llama_index_core_package_init_defers_cleanly():
 
 def test_a_cold_search_and_ask_import_no_index_chat_engine_or_sqlalchemy_and_answer_as_a_full_import_does(
         home, make_vault, tmp_path):
+    """Searching, asking without an LLM and asking one (the OpenAI-like client's modules resolve on first use too)."""
     vault = make_vault({
         "films.md": "# 电影清单\n\n今年想看的电影：星际穿越、千与千寻。周末去电影院观影。\n",
         "deploy.md": "# Deploy\n\nHow we deploy the service: build the image, push it, roll out with kubectl.\n",
@@ -102,17 +104,25 @@ def test_a_cold_search_and_ask_import_no_index_chat_engine_or_sqlalchemy_and_ans
                              str(vault)], capture_output=True, text=True, timeout=300)
     assert synced.returncode == 0, synced.stderr
     modules = tmp_path / "modules.json"
-    for command in (["search", "观影", "--json"], ["ask", "how do we deploy the service", "--json"]):
-        argv = ["brain", "--home", str(home), "--no-daemon", *command]
-        lazy = subprocess.run(
-            [sys.executable, "-c", "import json, os, sys\nend = os._exit\n"  # a one-shot command ends by os._exit
-             f"os._exit = lambda code: (open({str(modules)!r}, 'w').write(json.dumps(list(sys.modules))), end(code))\n"
-             f"sys.argv = {argv!r}\nfrom rag_app.shells.warm_engine import main\nmain()"],
-            capture_output=True, text=True, timeout=300, cwd=REPO)
-        whole = subprocess.run([sys.executable, "-m", "rag_app.shells.cli", *argv[1:]], capture_output=True, text=True,
-                               timeout=300, cwd=REPO)
-        assert lazy.returncode == whole.returncode == 0, lazy.stderr[-2000:] + whole.stderr
-        imported = set(json.loads(modules.read_text()))
-        assert "llama_index.core.retrievers.fusion_retriever" in imported
-        assert not imported & {"llama_index.core.indices.base", "llama_index.core.chat_engine", "sqlalchemy"}
-        assert json.loads(lazy.stdout) == json.loads(whole.stdout)
+    llm = OpenAIDouble(["You deploy it by building the image and rolling it out [1]."]).start()
+    with_llm = {"LLM_BASE_URL": llm.url, "LLM_MODEL": "qwen2.5", "LLM_API_KEY": "sk-test-0123456789"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "OPENAI_"))}
+    try:
+        for command, extra in ((["search", "观影", "--json"], {}), (["ask", "how do we deploy", "--json"], {}),
+                               (["ask", "how do we deploy the service", "--json"], with_llm)):
+            argv = ["brain", "--home", str(home), "--no-daemon", *command]
+            lazy = subprocess.run(
+                [sys.executable, "-c", "import json, os, sys\nend = os._exit\n"  # a one-shot command ends by os._exit
+                 f"os._exit = lambda code: (open({str(modules)!r}, 'w').write(json.dumps(list(sys.modules))), "
+                 f"end(code))\nsys.argv = {argv!r}\nfrom rag_app.shells.warm_engine import main\nmain()"],
+                capture_output=True, text=True, timeout=300, cwd=REPO, env=env | extra)
+            whole = subprocess.run([sys.executable, "-m", "rag_app.shells.cli", *argv[1:]], capture_output=True,
+                                   text=True, timeout=300, cwd=REPO, env=env | extra)
+            assert lazy.returncode == whole.returncode == 0, lazy.stderr[-2000:] + whole.stderr
+            imported = set(json.loads(modules.read_text()))
+            assert "llama_index.core.retrievers.fusion_retriever" in imported
+            assert not imported & {"llama_index.core.indices.base", "llama_index.core.chat_engine", "sqlalchemy"}
+            assert json.loads(lazy.stdout) == json.loads(whole.stdout)
+        assert json.loads(lazy.stdout)["mode"] == "llm" and len(llm.requests) == 2
+    finally:
+        llm.stop()
