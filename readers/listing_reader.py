@@ -1,33 +1,53 @@
-"""What the vault and Memos readers share: one complete pass over the source before anything is yielded, and what
-that pass saw besides the Documents (the ids that are gone, unchanged or kept, warnings, file signatures)."""
+"""What the vault and Memos readers share: a `SourceLister` (the listing half, no LlamaIndex) whose one complete
+pass over the source becomes Documents, and what that pass saw besides (ids gone, unchanged or kept, warnings, file
+signatures)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any, TypeVar
 
 from llama_index.core.readers.base import BaseReader
 from llama_index.core.schema import Document
 
+from readers.listing import SourceLister
 from readers.records import SourceListing
+
+Reader = TypeVar("Reader", bound="ListingReader")
 
 
 class ListingReader(BaseReader):
-    """A BaseReader over `_list()`, a complete listing: a source that cannot be listed whole raises before the first
-    Document, so a partial listing never looks like deletions."""
+    """A BaseReader over a `SourceLister`: a source that cannot be listed whole raises before the first Document, so
+    a partial listing never looks like deletions."""
 
+    lister: SourceLister
     listing: SourceListing
 
-    def _list(self) -> SourceListing:
-        raise NotImplementedError
+    def __init__(self, lister: SourceLister):
+        self.lister = lister
+        self.listing = SourceListing(records=[])
 
-    def lazy_load_data(self) -> Iterator[Document]:
-        """New and changed notes (every note when nothing is `known`), once the whole source has been listed."""
-        self.listing = self._list()
+    @classmethod
+    def from_lister(cls: type[Reader], lister: SourceLister) -> Reader:
+        """This reader over a lister built already (what `brain sync` does: it lists before importing LlamaIndex)."""
+        reader = cls.__new__(cls)
+        ListingReader.__init__(reader, lister)
+        return reader
+
+    @property
+    def known(self) -> dict[str, str]:
+        return self.lister.known
+
+    def lazy_load_data(self, *args: Any, listing: SourceListing | None = None, **kwargs: Any) -> Iterator[Document]:
+        """New and changed notes (every note when nothing is `known`), once the whole source has been listed.
+
+        `listing`: a pass this reader's lister made already; its Documents are yielded without listing again."""
+        self.listing = listing if listing is not None else self.lister.list()
         for record in self.listing.records:
             yield record.to_document()
 
-    def load_data(self) -> list[Document]:
-        return list(self.lazy_load_data())
+    def load_data(self, *args: Any, **kwargs: Any) -> list[Document]:
+        return list(self.lazy_load_data(*args, **kwargs))
 
     @property
     def warnings(self) -> list[str]:

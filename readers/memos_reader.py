@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from readers.listing import MemosLister
 from readers.listing_reader import ListingReader
-from readers.memos_client import MemosClient, fetch_memos, token_from_env
-from readers.records import SourceListing
+from readers.memos_client import token_from_env
 
 
 class MemosReader(ListingReader):
@@ -35,6 +35,10 @@ class MemosReader(ListingReader):
             `max_response_bytes`, `max_listing_bytes`, `request_deadline`, `listing_deadline`, `timeout`,
             `max_retries`, `page_size`).
 
+    The listing itself is `MemosLister` (no LlamaIndex import): `brain sync` lists with it, then takes the Documents
+    of that same pass from `MemosReader.from_lister(lister).lazy_load_data(listing=...)` when something changed, so
+    the server is read once.
+
     The whole listing is read before anything is yielded; one that cannot be read completely raises `MemosError`
     (`MemosAuthError` for token problems), never a partial list that would look like deletions. A memo over
     `max_memo_bytes` is skipped with a warning and listed in `kept_ids`.
@@ -47,22 +51,15 @@ class MemosReader(ListingReader):
         >>> reader.gone_ids, reader.warnings
     """
 
+    lister: MemosLister
+
     def __init__(self, base_url: str, token: str | None = None, include_archived: bool = False,
                  include_comments: bool = True, source: str = "memos", known: Mapping[str, str] | None = None,
                  **limits: Any):
-        self.base_url = base_url
-        self._token = token if token is not None else token_from_env()
-        self.include_archived = include_archived
-        self.include_comments = include_comments
-        self.source = source
-        self.known = dict(known or {})
-        self._limits = limits
-        self.listing = SourceListing(records=[])
+        super().__init__(MemosLister(base_url, token if token is not None else token_from_env(),
+                                     include_archived=include_archived, include_comments=include_comments,
+                                     source=source, known=known, **limits))
 
     def __repr__(self) -> str:
-        return f"MemosReader({self.base_url!r}, token={'set' if self._token else 'none'}, source={self.source!r})"
-
-    def _list(self) -> SourceListing:
-        with MemosClient(self.base_url, self._token, **self._limits) as client:
-            return fetch_memos(self.base_url, None, source=self.source, include_archived=self.include_archived,
-                               include_comments=self.include_comments, client=client, known=self.known)
+        token = "set" if self.lister.has_token else "none"
+        return f"MemosReader({self.lister.base_url!r}, token={token}, source={self.lister.source!r})"

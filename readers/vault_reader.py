@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from readers.listing import VaultLister
 from readers.listing_reader import ListingReader
-from readers.records import SourceListing
-from readers.vault_scanner import DEFAULT_MAX_BYTES, VaultScanner
+from readers.vault_scanner import DEFAULT_MAX_BYTES
 
 
 class VaultReader(ListingReader):
@@ -30,6 +30,9 @@ class VaultReader(ListingReader):
             note must be read again). A file whose bytes still match yields no Document (its id goes to
             `unchanged_ids`); known notes the vault no longer has are listed in `gone_ids`.
 
+    The listing itself is `VaultLister` (no LlamaIndex import): `brain sync` lists with it, then takes the Documents
+    of that same pass from `VaultReader.from_lister(lister).lazy_load_data(listing=...)` when something changed.
+
     A folder that cannot be listed raises `VaultError` before anything is yielded: a partial listing would look like
     deletions. Problems with single files (bad UTF-8, broken frontmatter, binary, oversize, unreadable) never raise;
     they are collected in `warnings`.
@@ -42,15 +45,12 @@ class VaultReader(ListingReader):
         >>> reader.gone_ids, reader.signatures                           # what to delete, what to remember
     """
 
+    lister: VaultLister
+
     def __init__(self, path: str | os.PathLike[str], name: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES,
                  known: Mapping[str, str] | None = None):
-        self._scanner = VaultScanner(path, name=name, max_bytes=max_bytes)
-        self.known = dict(known or {})
-        self.listing = SourceListing(records=[])
+        super().__init__(VaultLister(path, name=name, max_bytes=max_bytes, known=known))
 
     @property
     def name(self) -> str:
-        return self._scanner.name
-
-    def _list(self) -> SourceListing:
-        return self._scanner.scan(self.known)
+        return self.lister.scanner.name

@@ -15,9 +15,10 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -27,6 +28,7 @@ from rag_app.index.keyword import TOKENIZER_VERSION, chunk_index_text, tokenize
 from rag_app.index.keyword_store import keyword_progress, refresh_keyword_index
 from rag_app.index.manifest import Manifest, ManifestEntry, Plan, make_plan
 from rag_app.ingest.chunking import chunker_id
+from readers.listing import MemosLister, SourceLister, VaultLister
 from readers.records import NoteRecord, SourceListing, decode_list, encode_list
 
 log = logging.getLogger("cflow_brain.sync")
@@ -138,29 +140,17 @@ class SyncLock:
             self._fd = None
 
 
-def read_source(spec: SourceSpec, token: str | None = None, known: Mapping[str, str] | None = None) -> SourceListing:
-    """A complete listing of one source, or an exception: never a partial listing. `token`: see `memos_token`;
-    `known`: what the index holds of this source (see `_known`), so only new and changed notes come as records.
+def source_lister(spec: SourceSpec, token: str | None = None, known: Mapping[str, str] | None = None) -> SourceLister:
+    """The listing half of this source's reader (`VaultReader`, `MemosReader`). `token`: see `memos_token`; `known`:
+    what the index holds of this source (see `_known`), so only new and changed notes come as records.
 
-    This is the pass `VaultReader.lazy_load_data` and `MemosReader.lazy_load_data` make, and the records become the
-    same Documents (`NoteRecord.to_document`), but without importing LlamaIndex, which alone takes 1.5-4 s: a sync that
-    finds nothing changed must finish within a second."""
+    A sync lists with it (no LlamaIndex import: that alone takes 1.2-1.4 s, and a sync that finds nothing changed must
+    finish within a second); when something changed, the Documents it chunks come from the reader's
+    `lazy_load_data(listing=...)` over that same pass (see `_Applier.write_chunks`)."""
     if spec.kind == "vault":
-        from readers.vault_scanner import VaultScanner
-
-        return VaultScanner(spec.path, name=spec.name).scan(known)
-    from readers.memos_client import MemosClient, fetch_memos
-
-    with MemosClient(spec.url, token, **spec.memos_limits()) as client:
-        return fetch_memos(
-            spec.url,
-            None,
-            source=spec.name,
-            include_archived=spec.include_archived,
-            include_comments=spec.include_comments,
-            client=client,
-            known=known,
-        )
+        return VaultLister(spec.path, name=spec.name, known=known)
+    return MemosLister(spec.url, token, include_archived=spec.include_archived,
+                       include_comments=spec.include_comments, source=spec.name, known=known, **spec.memos_limits())
 
 
 TOKEN_ORIGIN = "memos_token_origin"
@@ -323,16 +313,20 @@ class _Applier:
                     self.manifest.retain_vectors(model, index.vectors_by(hashes))
             index.forget(note_ids)
 
-    def apply(self, source: str, plan: Plan) -> list[str]:
-        """Write the plan; returns warnings about notes (see `write_chunks`)."""
-        warnings = self.write_chunks(source, plan.to_embed) if plan.to_embed else []
+    def apply(self, source: str, plan: Plan, documents: Callable[[], Iterable[Any]]) -> list[str]:
+        """Write the plan; returns warnings about notes (see `write_chunks`). `documents`: the listing's Documents,
+        from the source's reader, asked for only when the plan has notes to chunk."""
+        warnings = self.write_chunks(source, plan.to_embed, documents()) if plan.to_embed else []
         if plan.deleted:
             self.delete(plan.deleted)
         return warnings
 
-    def write_chunks(self, source: str, records: list[NoteRecord]) -> list[str]:
+    def write_chunks(self, source: str, records: list[NoteRecord], documents: Iterable[Any] | None = None) -> list[str]:
         """Chunk notes through an IngestionPipeline (chunker only) and commit chunk rows and tokens per batch. A note
-        keeps its first `MAX_NOTE_CHUNKS` chunks, with a warning (returned)."""
+        keeps its first `MAX_NOTE_CHUNKS` chunks, with a warning (returned).
+
+        `documents`: the records' Documents as the source's reader yields them (`ListingReader.lazy_load_data`; any
+        others are passed over); None makes them from the records (`brain doctor` rebuilding from stored texts)."""
         from rag_app.index.docstore import forget_documents
         from rag_app.ingest.pipeline import embed_hash
 
@@ -343,10 +337,10 @@ class _Applier:
                                               docstore=self.docstore)
         self.progress.start(len(records), f"bm25 {source}")
         warnings: list[str] = []
-        for start in range(0, len(records), WRITE_BATCH_NOTES):
-            if self.stop:
-                break
-            batch = records[start : start + WRITE_BATCH_NOTES]
+        wanted = {r.id: r for r in records}
+        planned = _planned(documents if documents is not None else (r.to_document() for r in records), wanted)
+        while not self.stop and (documents_batch := list(islice(planned, WRITE_BATCH_NOTES))):
+            batch = [wanted.pop(d.id_) for d in documents_batch]
             ids = [r.id for r in batch]
             old = self.manifest.entries_for(ids)
             stale = {m for e in old.values() for m in e.models}
@@ -357,7 +351,7 @@ class _Applier:
             # asked for, or a sync died between the docstore's write and the manifest's commit. Forgotten, so the
             # docstore lets them through.
             forget_documents(self.docstore, [r.id for r in batch if stored.get(r.id) == r.content_hash])
-            nodes = self._chunker.run(documents=[r.to_document() for r in batch])
+            nodes = self._chunker.run(documents=documents_batch)
             by_note: dict[str, list[Any]] = {note_id: [] for note_id in ids}
             for node in nodes:
                 by_note[node.ref_doc_id].append(node)
@@ -380,6 +374,9 @@ class _Applier:
             self.report.deleted_chunks += sum(len(e.chunk_ids) for e in old.values())
             self.progress.advance(len(batch))
         self.progress.close()
+        if wanted and not self.stop:
+            raise RuntimeError(f"the reader yielded no Document for {len(wanted)} listed notes, "
+                               f"e.g. {next(iter(wanted))}")
         return warnings
 
     def delete(self, note_ids: list[str], retain: bool = True) -> None:
@@ -534,6 +531,15 @@ class _Applier:
 
 
 DOCSTORE_SEEDED = "docstore_seeded"
+
+
+def _planned(documents: Iterable[Any], wanted: Mapping[str, NoteRecord]) -> Iterator[Any]:
+    """The Documents of the notes to chunk, each once, in the reader's order."""
+    seen: set[str] = set()
+    for document in documents:
+        if document.id_ in wanted and document.id_ not in seen:
+            seen.add(document.id_)
+            yield document
 
 
 def _seed_docstore(manifest: Manifest, docstore: Any) -> None:
@@ -792,7 +798,8 @@ def _sync_one(spec: SourceSpec, manifest: Manifest, applier: _Applier, allow_del
     try:
         token, token_warning = memos_token(spec, manifest) if spec.kind == "memos" else (None, None)
         entries = manifest.entries(spec.name)
-        listing = read_source(spec, token, known=_known(spec, manifest, entries, applier.chunker_id))
+        lister = source_lister(spec, token, known=_known(spec, manifest, entries, applier.chunker_id))
+        listing = lister.list()
     except Exception as exc:  # any failure of the source: keep everything it had
         result.failed = True
         result.error = _one_line(exc, spec.token_env)
@@ -829,7 +836,7 @@ def _sync_one(spec: SourceSpec, manifest: Manifest, applier: _Applier, allow_del
     result.added, result.updated = len(plan.added), len(plan.changed)
     result.deleted, result.unchanged = len(plan.deleted), plan.unchanged
     try:
-        for warning in applier.apply(spec.name, plan):
+        for warning in applier.apply(spec.name, plan, lambda: lister.reader().lazy_load_data(listing=listing)):
             result.warnings.append(warning)
             log.warning("%s: %s", spec.name, warning)
     except Exception as exc:  # a store/model failure part-way: finished batches are committed, the rest retried

@@ -348,15 +348,15 @@ def test_memos_full_then_incremental_sync(home, memos):
 def test_a_memos_sync_hands_the_reader_what_the_index_knows(home, memos, monkeypatch):
     """The second pass lists only the edited memo as a record (the rest by id, unchanged; the deleted one as gone):
     only changes become Documents."""
-    from rag_app.ingest import sync as sync_module
+    from readers.listing import MemosLister
 
     Brain(home).sync(memos=(memos.url,))
     keys = [m.removeprefix("memos/") for m in (memo["name"] for memo in _listed(memos))]
     memos.edit_memo(keys[0], "changed words")
     memos.delete_memo(keys[1])
     passes = []
-    original = sync_module.read_source
-    monkeypatch.setattr(sync_module, "read_source", lambda *a, **kw: passes.append(original(*a, **kw)) or passes[-1])
+    original = MemosLister.list
+    monkeypatch.setattr(MemosLister, "list", lambda lister: passes.append(original(lister)) or passes[-1])
     source = Brain(home).sync(memos=(memos.url,)).sources[0]
     (listing,) = passes
     assert [r.text for r in listing.records] == ["changed words"]
