@@ -870,3 +870,20 @@ def test_invalid_utf8_bytes_are_replaced_too(serve: Serve) -> None:
     double.faults["body_filter"] = lambda body: body.replace(b"MARK", b"\xff\xfe")
     texts = sorted(r.text for r in fetch(double).records)
     assert texts == ["a good memo", "bad \ufffd\ufffd bytes"]
+
+
+def test_a_server_on_plain_http_costs_no_certificate_store(serve: Serve, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loading the CA bundle takes 0.1-0.3 s of a sync; only https (the server, a redirect, a proxy) needs it."""
+    import ssl
+
+    loads: list[object] = []
+    original = ssl.SSLContext.load_verify_locations
+    monkeypatch.setattr(ssl.SSLContext, "load_verify_locations",
+                        lambda context, *args, **kwargs: loads.append(args) or original(context, *args, **kwargs))
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    notes = seed_notebook(serve("head"))
+    assert len(fetch(notes.double).records) == len(notes.visible())
+    assert loads == []
+    MemosClient("https://memos.example.com", TOKEN).close()
+    assert loads
