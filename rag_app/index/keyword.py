@@ -20,9 +20,10 @@ import zlib
 from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:  # imported where the index is used: a sync that finds nothing changed needs the tokenizer only
+    import numpy as np
 
 TOKENIZER_VERSION = "kw-v2"
 _HAN_CLASS = "[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]"
@@ -249,18 +250,24 @@ class KeywordIndex:
         if column is None:
             return 0
         if self._df is None:
+            import numpy as np
+
             indptr = np.asarray(self.bm25.scores["indptr"])
             self._df = indptr[1:] - indptr[:-1]
         return int(self._df[column])
 
     def idf(self, token: str) -> float | None:
         """Inverse document frequency of a token, or None when no chunk has it."""
+        import numpy as np
+
         df = self.df(token)
         return float(np.log(1 + (len(self.ids) - df + 0.5) / (df + 0.5))) if df else None
 
     def term_matrix(self, query_tokens: list[str], chunk_ids: list[str]) -> tuple[list[float | None], np.ndarray]:
         """Each query token's IDF (None when no chunk has it) and which chunks contain which token (a boolean
         matrix, chunks × tokens), from the posting lists."""
+        import numpy as np
+
         idfs = [self.idf(t) for t in query_tokens]
         contains = np.zeros((len(chunk_ids), len(query_tokens)), dtype=bool)
         if not chunk_ids or not any(i is not None for i in idfs):
