@@ -56,8 +56,9 @@ class MemosLister(SourceLister):
 
     def __init__(self, base_url: str, token: str | None, include_archived: bool = False,
                  include_comments: bool = True, source: str = "memos", known: Mapping[str, str] | None = None,
-                 **limits: Any):
+                 signatures: Mapping[str, str] | None = None, **limits: Any):
         super().__init__(known)
+        self.signatures = dict(signatures or {})
         self.base_url = base_url
         self._token = token
         self.include_archived = include_archived
@@ -77,7 +78,8 @@ class MemosLister(SourceLister):
 
         with MemosClient(self.base_url, self._token, **self.limits) as client:
             return fetch_memos(self.base_url, None, source=self.source, include_archived=self.include_archived,
-                               include_comments=self.include_comments, client=client, known=self.known)
+                               include_comments=self.include_comments, client=client, known=self.known,
+                               signatures=self.signatures)
 
     def reader(self) -> ListingReader:
         from readers.memos_reader import MemosReader

@@ -5,6 +5,8 @@ Kept free of LlamaIndex so that a sync with nothing to do starts fast. See the r
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import re
@@ -12,6 +14,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -641,13 +644,16 @@ def fetch_memos(
     include_comments: bool = True,
     client: MemosClient | None = None,
     known: Mapping[str, str] | None = None,
+    signatures: Mapping[str, str] | None = None,
 ) -> SourceListing:
     """List every memo completely or raise: a partial listing must never look like deletions.
 
     `known` maps the note ids the index holds to their content hash ("" for a note to be read again): a memo whose
     record has that hash is listed in `unchanged_ids`, not as a record, and known memos the server no longer lists
     (nor keeps, as over a limit) are listed in `gone_ids`. The server is always read whole: Memos has no change feed
-    that reports deletions."""
+    that reports deletions. `signatures`: known notes' `memo_signature` from an earlier pass (`listing.signatures`);
+    a memo whose answer still matches is listed in `unchanged_ids` without being parsed (a no-change sync of
+    thousands of memos stays fast)."""
     own_client = client is None
     client = client or MemosClient(base_url, token)
     client.begin_listing()
@@ -667,7 +673,20 @@ def fetch_memos(
             raw += _fetch_comments(client, raw)
         uids = {str(m["name"]): str(m["uid"]) for m in raw if m.get("name") and m.get("uid")}
         listing = SourceListing(records=[], warnings=list(client.warnings))
+        known, signatures = known or {}, signatures or {}
+        # v0.22 links and parents resolve through other memos' uids: a memo's answer alone does not make its record
+        stamp = None if api.generation == "v0.22" else [client.base_url, source, include_comments, api.generation,
+                                                        api.version]
+        visibilities: set[str] = set()  # of the memos listed, parsed or not
         for memo in raw:
+            signature = memo_signature(memo, stamp) if stamp is not None else ""
+            key = _memo_key(memo, api) if signatures else None
+            if key is not None:
+                note_id = memo_note_id(source, key)
+                if known.get(note_id) and signatures.get(note_id) == signature:
+                    listing.unchanged_ids.add(note_id)
+                    visibilities.add(str(memo.get("visibility") or "").upper())
+                    continue
             size = _content_bytes(memo, client.max_memo_bytes)
             oversized = size > client.max_memo_bytes
             record = memo_to_record({**memo, "content": ""} if oversized else memo, api, client.base_url, source, uids)
@@ -686,17 +705,49 @@ def fetch_memos(
                 )
                 continue
             listing.records.append(record)
+            visibilities.add(str(record.metadata.get("visibility")))
+            if signature:
+                listing.signatures[record.id] = signature
         if not client.has_token:
             listing.warnings.append(f"no token set ({TOKEN_ENV_VARS[0]}): only PUBLIC memos are visible")
-        _check_downgrade(client.has_token, user, listing)
+        _check_downgrade(client.has_token, user, listing, visibilities)
         listing.warnings = [redact_secrets(warning, client._secrets) for warning in listing.warnings]
         if known:
             _leave_out_unchanged(listing, known)
-        listing.settle(known or {})
+        listing.settle(known)
         return listing
     finally:
         if own_client:
             client.close()
+
+
+@functools.cache
+def _parser_stamp() -> str:
+    """A digest of the code that turns a memo into a record: any change to it invalidates every memo signature."""
+    from readers import markdown_syntax, records
+
+    modules = (markdown_syntax, records)
+    code = b"".join(Path(module.__file__ or "").read_bytes() for module in modules) + Path(__file__).read_bytes()
+    return hashlib.blake2b(code, digest_size=8).hexdigest()
+
+
+def memo_signature(memo: dict[str, Any], stamp: list[Any]) -> str:
+    """What a memo's record is made from: the server's answer for it, where it came from (`stamp`: server, source
+    name, options, API) and the parsing code. Equal signatures make equal records."""
+    payload = json.dumps([stamp, memo], sort_keys=True, ensure_ascii=False, default=str)
+    digest = hashlib.blake2b(payload.encode("utf-8", errors="surrogatepass"), digest_size=16).hexdigest()
+    return f"{_parser_stamp()}:{digest}"
+
+
+def _memo_key(memo: dict[str, Any], api: MemosApi) -> str | None:
+    """The memo's id in its note id (see `memo_to_record`), or None when it has none."""
+    if api.generation == "old":
+        return None if memo.get("id") is None else str(memo["id"])
+    name = str(memo.get("name") or "")
+    if not name:
+        return None
+    uid = str(memo.get("uid") or "") if api.generation == "v0.22" else ""
+    return uid or name.removeprefix("memos/")
 
 
 def _leave_out_unchanged(listing: SourceListing, known: Mapping[str, str]) -> None:
@@ -728,11 +779,12 @@ def _fetch_comments(client: MemosClient, memos: list[dict[str, Any]]) -> list[di
     return comments
 
 
-def _check_downgrade(has_token: bool, user: dict[str, Any] | None, listing: SourceListing) -> None:
+def _check_downgrade(has_token: bool, user: dict[str, Any] | None, listing: SourceListing,
+                     visibilities: set[str]) -> None:
     """A token was given, the server could not say who we are, and only PUBLIC memos came back: likely anonymous."""
-    if not has_token or user is not None or not listing.records:
+    if not has_token or user is not None:
         return
-    if all(record.metadata.get("visibility") == "PUBLIC" for record in listing.records):
+    if visibilities == {"PUBLIC"}:
         listing.warnings.append(
             "only PUBLIC memos were returned although a token was set; if you expected private memos, "
             "the token may be invalid (current Memos servers treat a bad token as anonymous)"
@@ -748,11 +800,12 @@ def memo_to_record(
     """
     content = str(memo.get("content") or "")
     prop = memo.get("property") if isinstance(memo.get("property"), dict) else {}
+    memo_id = _memo_key(memo, api)
+    if memo_id is None:
+        return None
     if api.generation == "old":
-        raw_id = memo.get("id")
-        if raw_id is None:
-            return None
-        memo_id = self_key = str(raw_id)  # relations use the numeric id even when v0.20+ adds a `name`
+        raw_id = memo["id"]
+        self_key = memo_id  # relations use the numeric id even when v0.20+ adds a `name`
         link_key = str(memo.get("uid") or memo.get("name") or raw_id) if api.version >= (0, 19) else memo_id
         url = f"{base_url}/m/{safe_uid(link_key)}"
         created = as_datetime(memo.get("createdTs"))
@@ -761,11 +814,7 @@ def memo_to_record(
         field_tags = None
         creator = str(memo.get("creatorUsername") or memo.get("creatorId") or "")
     else:
-        self_key = str(memo.get("name") or "")
-        if not self_key:
-            return None
-        uid = str(memo.get("uid") or "") if api.generation == "v0.22" else ""
-        memo_id = uid or self_key.removeprefix("memos/")
+        self_key = str(memo["name"])
         use_memos_path = api.version >= (0, 25) or not api.version
         route = "memos" if use_memos_path else "m"
         url = f"{base_url}/{route}/{safe_uid(memo_id)}"

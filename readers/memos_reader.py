@@ -31,6 +31,9 @@ class MemosReader(ListingReader):
         known: what an index already holds, note id → the Document's `hash` ("" when the memo must be read again):
             a memo with that hash yields no Document (its id goes to `unchanged_ids`); known memos the server no
             longer lists are in `gone_ids`.
+        signatures: for known memos, their `signatures` from an earlier pass (the reader's `signatures` property):
+            a memo whose answer from the server still matches is not even parsed (what keeps a no-change sync of
+            thousands of memos fast). Optional.
         **limits: `MemosClient` limits against hostile or broken servers (`max_memos`, `max_memo_bytes`,
             `max_response_bytes`, `max_listing_bytes`, `request_deadline`, `listing_deadline`, `timeout`,
             `max_retries`, `page_size`).
@@ -55,10 +58,10 @@ class MemosReader(ListingReader):
 
     def __init__(self, base_url: str, token: str | None = None, include_archived: bool = False,
                  include_comments: bool = True, source: str = "memos", known: Mapping[str, str] | None = None,
-                 **limits: Any):
+                 signatures: Mapping[str, str] | None = None, **limits: Any):
         super().__init__(MemosLister(base_url, token if token is not None else token_from_env(),
                                      include_archived=include_archived, include_comments=include_comments,
-                                     source=source, known=known, **limits))
+                                     source=source, known=known, signatures=signatures, **limits))
 
     def __repr__(self) -> str:
         token = "set" if self.lister.has_token else "none"

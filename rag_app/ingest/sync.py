@@ -140,9 +140,11 @@ class SyncLock:
             self._fd = None
 
 
-def source_lister(spec: SourceSpec, token: str | None = None, known: Mapping[str, str] | None = None) -> SourceLister:
+def source_lister(spec: SourceSpec, token: str | None = None, known: Mapping[str, str] | None = None,
+                  signatures: Mapping[str, str] | None = None) -> SourceLister:
     """The listing half of this source's reader (`VaultReader`, `MemosReader`). `token`: see `memos_token`; `known`:
-    what the index holds of this source (see `_known`), so only new and changed notes come as records.
+    what the index holds of this source (see `_known`), so only new and changed notes come as records; `signatures`
+    (memos): what each known memo's record was made from, so an unchanged memo is not even parsed.
 
     A sync lists with it (no LlamaIndex import: that alone takes 1.2-1.4 s, and a sync that finds nothing changed must
     finish within a second); when something changed, the Documents it chunks come from the reader's
@@ -150,7 +152,8 @@ def source_lister(spec: SourceSpec, token: str | None = None, known: Mapping[str
     if spec.kind == "vault":
         return VaultLister(spec.path, name=spec.name, known=known)
     return MemosLister(spec.url, token, include_archived=spec.include_archived,
-                       include_comments=spec.include_comments, source=spec.name, known=known, **spec.memos_limits())
+                       include_comments=spec.include_comments, source=spec.name, known=known, signatures=signatures,
+                       **spec.memos_limits())
 
 
 TOKEN_ORIGIN = "memos_token_origin"
@@ -798,7 +801,9 @@ def _sync_one(spec: SourceSpec, manifest: Manifest, applier: _Applier, allow_del
     try:
         token, token_warning = memos_token(spec, manifest) if spec.kind == "memos" else (None, None)
         entries = manifest.entries(spec.name)
-        lister = source_lister(spec, token, known=_known(spec, manifest, entries, applier.chunker_id))
+        known = _known(spec, manifest, entries, applier.chunker_id)
+        signatures = manifest.trusted_signatures(spec.name, applier.chunker_id) if spec.kind == "memos" else None
+        lister = source_lister(spec, token, known=known, signatures=signatures)
         listing = lister.list()
     except Exception as exc:  # any failure of the source: keep everything it had
         result.failed = True
@@ -845,7 +850,7 @@ def _sync_one(spec: SourceSpec, manifest: Manifest, applier: _Applier, allow_del
         log.error("source %s: applying changes failed: %s", spec.name, result.error)
         manifest.record_result(spec.name, asdict(result), succeeded=False)
         return result
-    _remember_files(spec, manifest, listing)
+    _remember_signatures(spec, manifest, listing, known)
     manifest.record_result(spec.name, asdict(result), succeeded=True)
     log.info("synced %s: +%d ~%d -%d =%d", spec.name, result.added, result.updated, result.deleted, result.unchanged)
     return result
@@ -879,11 +884,15 @@ def _known(spec: SourceSpec, manifest: Manifest, entries: Mapping[str, ManifestE
     return {note_id: trusted.get(note_id, "") for note_id in entries}
 
 
-def _remember_files(spec: SourceSpec, manifest: Manifest, listing: SourceListing) -> None:
-    """Store the signatures of the files parsed this time with their records' hashes, for the next sync to compare."""
-    if spec.kind != "vault":
-        return
-    parsed = {r.id: (listing.signatures[r.id], r.content_hash) for r in listing.records if r.id in listing.signatures}
+def _remember_signatures(spec: SourceSpec, manifest: Manifest, listing: SourceListing,
+                         known: Mapping[str, str]) -> None:
+    """Store the signatures of the notes parsed this time (vault files, memo answers) with their hashes, for the next
+    sync to compare."""
+    hashes = {r.id: r.content_hash for r in listing.records}
+    if spec.kind == "memos":  # parsed and found unchanged (its answer changed, not its record): the hash it had
+        hashes.update({i: known[i] for i in listing.signatures if i not in hashes and known.get(i)})
+    parsed = {note_id: (signature, hashes[note_id]) for note_id, signature in listing.signatures.items()
+              if note_id in hashes}
     with manifest.transaction():
         manifest.put_signatures(spec.name, parsed, listing.unchanged_ids | listing.kept_ids)
 

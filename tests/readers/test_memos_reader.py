@@ -135,3 +135,55 @@ def test_limits_reach_the_client(memos: Memos) -> None:
 
 def test_the_token_never_shows_in_the_reader(memos: Memos) -> None:
     assert TOKEN not in repr(MemosReader(memos.double.url, token=TOKEN))
+
+
+def _parsed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Names of the memos `memo_to_record` parses from now on."""
+    from readers import memos_client
+
+    names: list[str] = []
+    original = memos_client.memo_to_record
+    monkeypatch.setattr(memos_client, "memo_to_record",
+                        lambda memo, *args, **kwargs: names.append(str(memo.get("name"))) or original(memo, *args,
+                                                                                                           **kwargs))
+    return names
+
+
+def test_a_memo_whose_answer_still_matches_its_signature_is_not_parsed(memos: Memos, monkeypatch) -> None:
+    """With the signatures of an earlier pass, unchanged memos are listed by id without parsing; an edited one is
+    parsed and yielded, and it gets a new signature."""
+    first = MemosReader(memos.double.url, token=TOKEN)
+    hashes = {d.id_: d.hash for d in first.load_data()}
+    assert set(first.signatures) == set(hashes)
+    memos.double.edit_memo(memos.public, "Weekly review, edited #review")
+    parsed = _parsed(monkeypatch)
+    reader = MemosReader(memos.double.url, token=TOKEN, known=hashes, signatures=first.signatures)
+    assert [d.id_ for d in reader.load_data()] == memos.ids(memos.public)
+    assert parsed == [f"memos/{memos.public}"]
+    assert reader.unchanged_ids == set(memos.ids(memos.private, memos.comment))
+    assert set(reader.signatures) == set(memos.ids(memos.public))
+    assert reader.signatures[memos.ids(memos.public)[0]] != first.signatures[memos.ids(memos.public)[0]]
+
+
+def test_a_signature_holds_only_for_the_same_server_and_source(memos: Memos, monkeypatch) -> None:
+    """The record of a memo also depends on the source name (its id) and the server (its URL): another one parses."""
+    first = MemosReader(memos.double.url, token=TOKEN)
+    hashes = {d.id_: d.hash for d in first.load_data()}
+    renamed = {note_id.replace("memos:memos/", "memos:work/"): value for note_id, value in first.signatures.items()}
+    parsed = _parsed(monkeypatch)
+    reader = MemosReader(memos.double.url, token=TOKEN, source="work", signatures=renamed,
+                         known={i.replace("memos:memos/", "memos:work/"): h for i, h in hashes.items()})
+    documents = reader.load_data()
+    assert len(parsed) == 3 and {d.metadata["source"] for d in documents} == {"work"}
+
+
+def test_an_oversized_memo_is_warned_about_at_every_pass(memos: Memos) -> None:
+    """Its signature is never recorded, so a pass with the earlier signatures still keeps it with a warning."""
+    memos.double.edit_memo(memos.public, "long " * 100)
+    first = MemosReader(memos.double.url, token=TOKEN, max_memo_bytes=100)
+    hashes = {d.id_: d.hash for d in first.load_data()}
+    assert memos.ids(memos.public)[0] not in first.signatures
+    known = {**hashes, memos.ids(memos.public)[0]: "an older hash"}
+    again = MemosReader(memos.double.url, token=TOKEN, max_memo_bytes=100, known=known, signatures=first.signatures)
+    assert again.load_data() == [] and again.kept_ids == set(memos.ids(memos.public))
+    assert any("max_memo_bytes" in warning for warning in again.warnings)

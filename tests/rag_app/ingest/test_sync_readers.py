@@ -110,3 +110,22 @@ def test_a_sync_that_finds_nothing_changed_builds_no_reader(home: Path, make_vau
     monkeypatch.setattr(VaultReader, "from_lister", classmethod(refuse))
     source = Brain(home).sync(vaults=(str(vault),)).sources[0]
     assert (source.failed, source.unchanged) == (False, 3)
+
+
+def test_a_no_change_memos_sync_parses_no_memo(home: Path, memos: MemosDouble, monkeypatch) -> None:
+    """The second sync compares each memo's answer with its stored signature: nothing is parsed; after an edit, only
+    the edited memo is, and the sync after that parses nothing again."""
+    from readers import memos_client
+
+    Brain(home).sync(memos=(memos.url,))
+    parsed: list[str] = []
+    original = memos_client.memo_to_record
+    monkeypatch.setattr(memos_client, "memo_to_record",
+                        lambda memo, *a, **kw: parsed.append(str(memo.get("name"))) or original(memo, *a, **kw))
+    source = Brain(home).sync(memos=(memos.url,)).sources[0]
+    assert (parsed, source.updated, source.unchanged > 5) == ([], 0, True)
+    memos.edit_memo(memos.keys[0], "edited once #garden")
+    assert Brain(home).sync(memos=(memos.url,)).sources[0].updated == 1
+    assert parsed == [f"memos/{memos.keys[0]}"]
+    assert Brain(home).sync(memos=(memos.url,)).sources[0].unchanged == source.unchanged
+    assert parsed == [f"memos/{memos.keys[0]}"]
