@@ -67,5 +67,6 @@ class ListingReader(BaseReader):
 
     @property
     def signatures(self) -> dict[str, str]:
-        """note id → signature of the bytes each note read this time was parsed from (none for notes with a warning)."""
+        """note id → signature of what each note read this time was parsed from (a vault file's bytes, a memo's answer;
+        none for notes with a warning): hand them back next time (`known` for a vault, `signatures` for Memos)."""
         return self.listing.signatures
