@@ -49,7 +49,8 @@ CREATE TABLE IF NOT EXISTS chunks (
     source TEXT NOT NULL,
     text TEXT NOT NULL,
     metadata TEXT NOT NULL,
-    tokens TEXT
+    tokens TEXT,
+    embed_hash TEXT
 );
 CREATE INDEX IF NOT EXISTS chunks_note ON chunks(note_id);
 CREATE TABLE IF NOT EXISTS note_docs (
@@ -179,12 +180,15 @@ class Manifest:
         self.db.executescript(SCHEMA)
         self.db.executescript(SIGNATURE_SCHEMA)
         self.db.executescript(RETAINED_SCHEMA)
-        columns = {row[1] for row in self.db.execute("PRAGMA table_info(chunks)")}
-        if "tokens" not in columns:
-            self.db.execute("ALTER TABLE chunks ADD COLUMN tokens TEXT")
-        if "embed_hash" not in columns:  # older homes: their chunks get it when next chunked
-            self.db.execute("ALTER TABLE chunks ADD COLUMN embed_hash TEXT")
+        if self._missing_columns():  # an older home: its chunks get them when next chunked
+            with self.transaction():  # checked again under the write lock: another process may be opening it too
+                for column in self._missing_columns():
+                    self.db.execute(f"ALTER TABLE chunks ADD COLUMN {column} TEXT")
         self.db.execute("CREATE INDEX IF NOT EXISTS chunks_embed_hash ON chunks(embed_hash)")
+
+    def _missing_columns(self) -> list[str]:
+        columns = {row[1] for row in self.db.execute("PRAGMA table_info(chunks)")}
+        return [column for column in ("tokens", "embed_hash") if column not in columns]
 
     def close(self) -> None:
         self.db.close()

@@ -75,3 +75,35 @@ def test_notes_lacking_a_model_in_a_stable_order_and_progress_counts(tmp_path):
         assert manifest.models_in_use() == {"e5-small"}
     finally:
         manifest.close()
+
+
+def test_an_older_home_opened_twice_at_once_gains_its_columns_once(tmp_path):
+    """Two shells opening a home whose chunks table predates a column: the second one to get the write lock finds it
+    added and adds nothing (before: "duplicate column name: embed_hash")."""
+    import sqlite3
+    import threading
+    import time
+
+    path = tmp_path / "index.sqlite"
+    Manifest(path).close()
+    old = sqlite3.connect(path, isolation_level=None)
+    old.execute("DROP INDEX chunks_embed_hash")
+    old.execute("ALTER TABLE chunks DROP COLUMN embed_hash")  # a home from before the column
+    old.execute("BEGIN IMMEDIATE")
+    old.execute("ALTER TABLE chunks ADD COLUMN embed_hash TEXT")  # the other opener, not yet committed
+    errors: list[BaseException] = []
+
+    def open_it() -> None:
+        try:
+            Manifest(path).close()
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            errors.append(exc)
+
+    opener = threading.Thread(target=open_it)
+    opener.start()
+    time.sleep(0.5)  # it has read the columns and waits for the write lock
+    old.execute("COMMIT")
+    opener.join(timeout=30)
+    assert errors == []
+    columns = [row[1] for row in old.execute("PRAGMA table_info(chunks)")]
+    assert columns.count("embed_hash") == 1
