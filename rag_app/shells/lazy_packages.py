@@ -19,12 +19,10 @@ import importlib
 import importlib.machinery
 import importlib.util
 import sys
-import threading
 from types import ModuleType
 from typing import Any
 
 LLAMA_INDEX = "llama_index.core"
-_RESOLVING = threading.RLock()
 
 
 def defer_package_inits(root: str = LLAMA_INDEX) -> None:
@@ -119,30 +117,31 @@ def split_init(tree: ast.Module, package: str, root: str) -> tuple[list[ast.stmt
 
 def _resolver(module: ModuleType, exports: dict[str, tuple[str, str | None]]) -> Any:
     """The package's module `__getattr__`: a re-exported name is imported now (and kept); so is a submodule read as
-    an attribute (the whole `__init__` would have imported it); anything else is missing, as it would be."""
+    an attribute (the whole `__init__` would have imported it); anything else is missing, as it would be. No lock of
+    its own: Python's import locks already make threads that import the same module wait for one import, and a lock
+    held around an import deadlocks with a thread whose import reads another deferred name."""
 
     def __getattr__(attr: str) -> Any:
         if attr.startswith("__") and attr.endswith("__"):
             raise AttributeError(f"module {module.__name__!r} has no attribute {attr!r}")
-        with _RESOLVING:
-            if attr in module.__dict__:
-                return module.__dict__[attr]
-            if attr in exports:
-                source, name = exports[attr]
-                value: Any = importlib.import_module(source)
-                if name is not None:
-                    try:
-                        value = getattr(value, name)
-                    except AttributeError:  # `from package import submodule`
-                        value = importlib.import_module(f"{source}.{name}")
-            else:
+        if attr in module.__dict__:
+            return module.__dict__[attr]
+        if attr in exports:
+            source, name = exports[attr]
+            value: Any = importlib.import_module(source)
+            if name is not None:
                 try:
-                    value = importlib.import_module(f"{module.__name__}.{attr}")
-                except ModuleNotFoundError as exc:
-                    if exc.name != f"{module.__name__}.{attr}":
-                        raise
-                    raise AttributeError(f"module {module.__name__!r} has no attribute {attr!r}") from None
-            setattr(module, attr, value)
-            return value
+                    value = getattr(value, name)
+                except AttributeError:  # `from package import submodule`
+                    value = importlib.import_module(f"{source}.{name}")
+        else:
+            try:
+                value = importlib.import_module(f"{module.__name__}.{attr}")
+            except ModuleNotFoundError as exc:
+                if exc.name != f"{module.__name__}.{attr}":
+                    raise
+                raise AttributeError(f"module {module.__name__!r} has no attribute {attr!r}") from None
+        setattr(module, attr, value)
+        return value
 
     return __getattr__

@@ -31,9 +31,9 @@ FIXTURE_PACKAGE = {
 }
 
 
-def run_python(code: str, cwd: Path) -> str:
+def run_python(code: str, cwd: Path, timeout: float = 120) -> str:
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, cwd=cwd,
-                          timeout=120, env={**os.environ, "PYTHONPATH": f"{cwd}{os.pathsep}{REPO}"})
+                          timeout=timeout, env={**os.environ, "PYTHONPATH": f"{cwd}{os.pathsep}{REPO}"})
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -67,6 +67,29 @@ def test_a_deferred_package_runs_its_own_statements_and_imports_a_re_export_when
         "missing: False",
         "star: True small",
     ]
+
+
+def test_two_threads_reading_deferred_names_while_one_imports_a_module_that_reads_another_do_not_deadlock(tmp_path):
+    """One thread imports a module whose body reads a deferred name of its package while another thread reads a
+    deferred name that needs that same module: Python's import locks order this; a lock of the resolver's own, held
+    around the import, made each thread wait for the other forever."""
+    write_files(tmp_path, {
+        "pkg/__init__.py": "from pkg.heavy import Thing\nfrom pkg.light import small\n",
+        "pkg/heavy.py": "import time\ntime.sleep(0.5)\nfrom pkg import small\nclass Thing: ...\n",
+        "pkg/light.py": "small = 'small'\n",
+    })
+    out = run_python("""
+        import threading, time
+        from rag_app.shells.lazy_packages import defer_package_inits
+        defer_package_inits("pkg")
+        import pkg
+        importing = threading.Thread(target=lambda: __import__("pkg.heavy"), daemon=True)
+        importing.start()
+        time.sleep(0.2)
+        print(pkg.Thing.__name__, pkg.small)
+        importing.join()
+    """, tmp_path, timeout=20)
+    assert out.splitlines() == ["Thing small"]
 
 
 def test_every_llama_index_core_package_init_defers_cleanly():
