@@ -308,6 +308,8 @@ def _end_now(code: object) -> NoReturn:
         status = 1
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
+        if stream is None:  # started with it closed (`>&-`)
+            continue
         try:
             stream.flush()
         except (OSError, ValueError):  # a reader that went away (`brain search ... | head`), a closed stream

@@ -565,3 +565,17 @@ def test_a_one_shot_command_ends_with_all_its_output_its_exit_code_and_its_sessi
     whole = subprocess.run([sys.executable, "-m", "rag_app.shells.cli", "--home", str(home), "get",
                             "vault:notes/none.md"], capture_output=True, text=True, timeout=300, env=clean_env())
     assert (missing.returncode, missing.stderr) == (whole.returncode, whole.stderr) != (0, "")
+
+
+@pytest.mark.parametrize("closed", [">&-", "2>&-"])
+def test_a_one_shot_command_with_its_output_closed_ends_as_the_cli_does(home, closed):
+    """A command started with stdout or stderr closed (a cron line's `>&-`) has no stream to flush at its end: it
+    exits as `python -m rag_app.shells.cli` does, not with a traceback and status 1."""
+    def run(*command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["sh", "-c", f'exec "$@" {closed}', "sh", *command, "--home", str(home),
+                               "--no-daemon", "status"], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              cwd=REPO, env=clean_env(), timeout=300)
+
+    lean, whole = run(BRAIN), run(sys.executable, "-m", "rag_app.shells.cli")
+    assert whole.returncode == 0, whole.stderr
+    assert (lean.returncode, lean.stderr) == (whole.returncode, whole.stderr)
