@@ -674,9 +674,10 @@ def fetch_memos(
         uids = {str(m["name"]): str(m["uid"]) for m in raw if m.get("name") and m.get("uid")}
         listing = SourceListing(records=[], warnings=list(client.warnings))
         known, signatures = known or {}, signatures or {}
-        # v0.22 links and parents resolve through other memos' uids: a memo's answer alone does not make its record
+        # v0.22 links and parents resolve through other memos' uids: a memo's answer alone does not make its record.
+        # The size limit is stamped: a memo under the limit its signature was recorded with may be over a lower one.
         stamp = None if api.generation == "v0.22" else [client.base_url, source, include_comments, api.generation,
-                                                        api.version]
+                                                        api.version, client.max_memo_bytes]
         visibilities: set[str] = set()  # of the memos listed, parsed or not
         for memo in raw:
             signature = memo_signature(memo, stamp) if stamp is not None else ""

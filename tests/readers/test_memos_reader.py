@@ -187,3 +187,15 @@ def test_an_oversized_memo_is_warned_about_at_every_pass(memos: Memos) -> None:
     again = MemosReader(memos.double.url, token=TOKEN, max_memo_bytes=100, known=known, signatures=first.signatures)
     assert again.load_data() == [] and again.kept_ids == set(memos.ids(memos.public))
     assert any("max_memo_bytes" in warning for warning in again.warnings)
+
+
+def test_a_memo_over_a_lowered_max_memo_bytes_is_warned_about_though_its_signature_matches(memos: Memos) -> None:
+    """The limit decides whether a memo is read: a pass under a lower limit than the one its signature was recorded
+    under keeps the indexed copy and says so, as for any oversized memo."""
+    memos.double.edit_memo(memos.public, "long " * 100)
+    first = MemosReader(memos.double.url, token=TOKEN)
+    hashes = {d.id_: d.hash for d in first.load_data()}
+    assert memos.ids(memos.public)[0] in first.signatures
+    again = MemosReader(memos.double.url, token=TOKEN, max_memo_bytes=100, known=hashes, signatures=first.signatures)
+    assert again.load_data() == [] and again.kept_ids == set(memos.ids(memos.public))
+    assert any("max_memo_bytes" in warning for warning in again.warnings)
