@@ -173,14 +173,15 @@ class WarmEngineLost(Exception):
     """The warm engine took the request and then stopped answering (killed, crashed)."""
 
 
-def ask_warm(request: WarmRequest, stdout: TextIO, stderr: TextIO) -> int | None:
+def ask_warm(request: WarmRequest, stdout: TextIO | None, stderr: TextIO | None) -> int | None:
     """Run the command on the home's warm engine; its exit code, or None when no warm engine takes it (no socket,
-    nobody behind it, not ours, a different environment or store). WarmEngineLost once it took the request and went.
+    nobody behind it, not ours, a different environment or store, or a process started with stdout or stderr
+    closed: the in-process CLI knows how to end without them). WarmEngineLost once it took the request and went.
 
     Output is held until the command ends, so that a fallback after a lost engine prints it once; only a terminal
     gets it as it comes (an answer streamed by the LLM)."""
     path = own_socket(request.home)
-    if path is None:
+    if path is None or stdout is None or stderr is None:
         return None
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

@@ -579,3 +579,14 @@ def test_a_one_shot_command_with_its_output_closed_ends_as_the_cli_does(home, cl
     lean, whole = run(BRAIN), run(sys.executable, "-m", "rag_app.shells.cli")
     assert whole.returncode == 0, whole.stderr
     assert (lean.returncode, lean.stderr) == (whole.returncode, whole.stderr)
+
+
+@pytest.mark.parametrize("closed", [">&-", "2>&-"])
+def test_a_command_with_its_output_closed_runs_in_process_beside_a_warm_engine(warm_home, closed):
+    """The warm client has no stream to ask about or write to: it leaves the command to the in-process CLI, which
+    ends as it always does (before: AttributeError on None.isatty and status 1)."""
+    done = subprocess.run(["sh", "-c", f'exec "$@" {closed}', "sh", BRAIN, "--home", str(warm_home), "status"],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, cwd=REPO, env=clean_env(),
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
