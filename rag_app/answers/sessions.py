@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_app.answers.answer import CITATION_MARK, content_words
+from rag_app.index.manifest import enable_wal
 from rag_app.search.query import SearchError
 
 MAX_NAME_CHARS = 80
@@ -70,7 +71,7 @@ class SessionStore:
     def _connect(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
+        enable_wal(conn)
         conn.execute("PRAGMA foreign_keys=ON")
         conn.executescript(_SCHEMA)
         return conn

@@ -19,6 +19,7 @@ from llama_index.core.storage.docstore.keyval_docstore import KVDocumentStore
 from llama_index.core.storage.kvstore.types import DEFAULT_BATCH_SIZE, DEFAULT_COLLECTION, BaseKVStore
 
 from rag_app.config import ConfigError, Settings
+from rag_app.index.manifest import enable_wal
 
 DOCSTORE_FILE = "docstore.sqlite"
 NAMESPACE = "notes"
@@ -36,7 +37,7 @@ class SQLiteKVStore(BaseKVStore):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._db = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        enable_wal(self._db)
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("CREATE TABLE IF NOT EXISTS kv (collection TEXT NOT NULL, key TEXT NOT NULL, "
                          "value TEXT NOT NULL, PRIMARY KEY (collection, key)) WITHOUT ROWID")

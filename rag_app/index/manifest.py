@@ -19,6 +19,20 @@ from readers.records import NoteRecord
 SQL_BATCH = 500  # ids per `IN (...)`: well under SQLite's limit on bound variables
 
 
+def enable_wal(db: sqlite3.Connection, wait_seconds: float = 30.0) -> None:
+    """Put a database in WAL mode. While another process switches the same new file, SQLite answers "database is
+    locked" at once instead of waiting its busy timeout (a sync and a `brain status` starting together): retry."""
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def _in_batches(ids: list[str]) -> Iterator[tuple[list[str], str]]:
     """(batch of ids, "?,?,…" placeholders for it) for queries with `IN (...)` over any number of ids."""
     for start in range(0, len(ids), SQL_BATCH):
@@ -175,7 +189,7 @@ class Manifest:
         self.path = path
         # Shells (chat page, MCP, agent tools) call from worker threads; callers serialise use (see Brain._lock).
         self.db = sqlite3.connect(str(path), timeout=30.0, isolation_level=None, check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
+        enable_wal(self.db)
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
         self.db.executescript(SIGNATURE_SCHEMA)

@@ -107,3 +107,43 @@ def test_an_older_home_opened_twice_at_once_gains_its_columns_once(tmp_path):
     assert errors == []
     columns = [row[1] for row in old.execute("PRAGMA table_info(chunks)")]
     assert columns.count("embed_hash") == 1
+
+
+def test_a_new_home_opened_while_another_process_writes_it_waits_instead_of_failing(tmp_path):
+    """A sync creating the home while `brain status` opens it: SQLite refuses the switch to WAL at once ("database is
+    locked", no busy wait) while the other side holds the write lock; opening waits for it (before: the sync died)."""
+    import sqlite3
+    import threading
+
+    path = tmp_path / "index.sqlite"
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)  # the other process, in its first write
+    other.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+    other.execute("BEGIN IMMEDIATE")
+    threading.Timer(0.5, lambda: other.execute("COMMIT")).start()
+    manifest = Manifest(path)
+    manifest.set_meta("opened", "yes")
+    assert manifest.get_meta("opened") == "yes"
+    manifest.close()
+
+
+def test_only_a_locked_database_is_retried_and_only_until_the_deadline():
+    import sqlite3
+
+    from rag_app.index.manifest import enable_wal
+
+    class Refusing:
+        def __init__(self, message: str, times: int):
+            self.message, self.times, self.calls = message, times, 0
+
+        def execute(self, sql: str) -> None:
+            self.calls += 1
+            if self.calls <= self.times:
+                raise sqlite3.OperationalError(self.message)
+
+    locked_twice = Refusing("database is locked", 2)
+    enable_wal(locked_twice)  # type: ignore[arg-type]
+    assert locked_twice.calls == 3
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O"):
+        enable_wal(Refusing("disk I/O error", 1))  # type: ignore[arg-type]
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        enable_wal(Refusing("database is locked", 10**6), wait_seconds=0.2)  # type: ignore[arg-type]

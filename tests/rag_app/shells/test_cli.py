@@ -126,6 +126,7 @@ def test_a_signalled_sync_stops_within_seconds_and_the_next_one_finishes_the_res
         channels = json.loads(brain(home, "status", "--json").stdout).get("channels", {})
         if channels.get("e5-small", {}).get("chunks", 0) > 0:
             break
+        assert sync.poll() in (None, 0), sync.communicate()[1]  # a sync that died says why
         time.sleep(0.3)
     assert channels["bm25"] == {"chunks": 60, "complete": True}
     signalled = time.monotonic()
