@@ -112,6 +112,16 @@ def open_docstore(settings: Settings) -> KVDocumentStore:
     return PostgresDocumentStore(kvstore, namespace=NAMESPACE)
 
 
+def docstore_name(settings: Settings) -> str:
+    """Which docstore a home writes to, without credentials: "home" (its SQLite file) or
+    postgresql://host:port/database. What a note copied into one docstore is recorded against."""
+    url = settings.docstore_url
+    if not url:
+        return "home"
+    parts = urlsplit(url)
+    return f"postgresql://{parts.hostname}:{parts.port or 5432}{parts.path}"
+
+
 def connection_strings(url: str) -> tuple[str, str]:
     """SQLAlchemy's psycopg2 and asyncpg URLs for a postgresql:// URL, its query kept (sslmode=require must never be
     dropped silently: the connection would fall back to libpq's "prefer"); asyncpg spells sslmode `ssl`. An IPv6

@@ -275,10 +275,12 @@ class _Applier:
         """The ingestion docstore, opened when a sync first has a note to chunk or delete (never by a sync that finds
         nothing changed: that one does not even import LlamaIndex). An older home's notes are copied in once."""
         if self._docstore is None:
-            from rag_app.index.docstore import open_docstore
+            from rag_app.index.docstore import DOCSTORE_FILE, docstore_name, open_docstore
 
+            name = docstore_name(self.settings)
+            new_file = name == "home" and not (self.settings.home / DOCSTORE_FILE).exists()
             self._docstore = open_docstore(self.settings)
-            _seed_docstore(self.manifest, self._docstore)
+            _seed_docstore(self.manifest, self._docstore, name, new_file)
         return self._docstore
 
     def stored_hashes(self, note_ids: list[str]) -> dict[str, str]:
@@ -545,11 +547,12 @@ def _planned(documents: Iterable[Any], wanted: Mapping[str, NoteRecord]) -> Iter
             yield document
 
 
-def _seed_docstore(manifest: Manifest, docstore: Any) -> None:
-    """Once per home (and docstore): notes indexed before the docstore existed go into it from their kept text, under
-    the hash they were indexed with, so nothing is chunked or embedded again for it. Repeating it after a crash
-    rewrites the same Documents."""
-    if manifest.get_meta(DOCSTORE_SEEDED) == "1":
+def _seed_docstore(manifest: Manifest, docstore: Any, name: str, new_file: bool) -> None:
+    """Once per docstore a home writes to (its file, or each PostgreSQL database it is pointed at; again when the
+    file was deleted): notes indexed before go into it from their kept text, under the hash they were indexed with,
+    so nothing is chunked or embedded again for it. Repeating it after a crash rewrites the same Documents."""
+    mark = DOCSTORE_SEEDED if name == "home" else f"{DOCSTORE_SEEDED}:{name}"
+    if manifest.get_meta(mark) == "1" and not new_file:
         return
     from readers.note_document import NoteDocument
 
@@ -566,7 +569,7 @@ def _seed_docstore(manifest: Manifest, docstore: Any) -> None:
             hashes[note_id] = entries[note_id].hash
         docstore.add_documents(documents)
         docstore.set_document_hashes(hashes)
-    manifest.set_meta(DOCSTORE_SEEDED, "1")
+    manifest.set_meta(mark, "1")
 
 
 def _widen_search_beam(settings: Settings, manifest: Manifest) -> None:

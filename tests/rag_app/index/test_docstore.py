@@ -25,6 +25,7 @@ from rag_app.index.docstore import (
     DOCSTORE_FILE,
     SQLiteKVStore,
     connection_strings,
+    docstore_name,
     document_hashes,
     forget_documents,
     open_docstore,
@@ -154,6 +155,37 @@ def test_a_team_docstore_lives_in_postgresql(postgres: str, tmp_path: Path) -> N
     check_upserts(docstore, tmp_path)
     assert not (settings.home / DOCSTORE_FILE).exists()
     assert open_docstore(settings).get_document_hash("b") == note("b", "same text, edited").hash
+
+
+def test_a_home_pointed_at_postgresql_copies_its_notes_there_once(postgres: str, tmp_path: Path) -> None:
+    """A home whose notes live in its SQLite docstore, then pointed at a team database: the first sync with a change
+    copies every note there (not only the changed one), under the hash it was indexed with; nothing is re-embedded."""
+    from rag_app.engine import Brain
+    from rag_app.index.manifest import Manifest
+
+    home, vault = tmp_path / "home", tmp_path / "vault"
+    vault.mkdir()
+    for name in "abc":
+        (vault / f"{name}.md").write_text(f"# {name}\n\nnote {name} about compost", encoding="utf-8")
+    (home).mkdir()
+    (home / "config.toml").write_text('[embedding]\nmodel = "use-m3"\n', encoding="utf-8")
+    assert not Brain(home).sync(vaults=(str(vault),)).failed
+    (home / "config.toml").write_text(f'[embedding]\nmodel = "use-m3"\n\n[store]\ndocstore_url = "{postgres}"\n',
+                                      encoding="utf-8")
+    (vault / "b.md").write_text("# b\n\nnote b about compost, edited", encoding="utf-8")
+    report = Brain(home).sync(vaults=(str(vault),))
+    assert not report.failed and report.vectors == {"use-m3": report.embedded_chunks}
+    manifest = Manifest(home / "index.sqlite")
+    indexed = {note_id: entry.hash for note_id, entry in manifest.entries().items()}
+    manifest.close()
+    team = open_docstore(Settings(home=home, docstore_url=postgres))
+    assert document_hashes(team, sorted(indexed)) == indexed and len(indexed) == 3
+
+
+def test_a_docstore_is_named_without_its_credentials() -> None:
+    assert docstore_name(Settings(home=Path("/h"))) == "home"
+    named = docstore_name(Settings(home=Path("/h"), docstore_url="postgresql://brain:s3cret@db.lan/notes?sslmode=require"))
+    assert named == "postgresql://db.lan:5432/notes"
 
 
 def test_the_docstore_url_is_a_store_setting(tmp_path: Path) -> None:

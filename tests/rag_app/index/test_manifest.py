@@ -116,7 +116,7 @@ def test_a_new_home_opened_while_another_process_writes_it_waits_instead_of_fail
     import threading
 
     path = tmp_path / "index.sqlite"
-    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)  # the other process, in its first write
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)  # another process, first write
     other.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
     other.execute("BEGIN IMMEDIATE")
     threading.Timer(0.5, lambda: other.execute("COMMIT")).start()

@@ -127,3 +127,16 @@ def test_a_docstore_that_cannot_be_read_fails_its_source_and_keeps_every_note(ho
     assert [s.name for s in report.sources] == ["notes", "garden"]
     assert report.sources[0].failed and "127.0.0.1" in report.sources[0].error
     assert {k: v for k, v in manifest_hashes(home).items() if k in before} == before
+
+
+def test_a_docstore_file_deleted_by_hand_is_filled_again_at_the_next_sync_with_a_change(home, make_vault):
+    """The home's mark says its docstore was filled; the file it was filled into is gone: filled again, not left
+    holding only the notes that change from now on."""
+    vault = make_vault(NOTES)
+    sync(home, vault)
+    for suffix in ("", "-wal", "-shm"):
+        (home / (DOCSTORE_FILE + suffix)).unlink(missing_ok=True)
+    (vault / "b.md").write_text("# Beta\n\nCompost needs worms, edited.", encoding="utf-8")
+    report, source = sync(home, vault)
+    assert (source.updated, source.unchanged) == (1, 2)
+    assert stored(home) == manifest_hashes(home) and len(stored(home)) == 3
