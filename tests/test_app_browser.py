@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -263,9 +264,10 @@ def test_a_conversation_follows_up_survives_a_reload_and_opens_its_notes(start_s
 
 
 def test_at_phone_width_tables_scroll_in_their_box_the_cited_passage_shows_and_the_drawer_is_at_hand(
-        page_url: str, browser: webdriver.Chrome) -> None:
+        start_served: Callable[..., Served], browser: webdriver.Chrome) -> None:
+    served = start_served()
     as_phone(browser)
-    browser.get(page_url)
+    browser.get(served.url)
     box = WebDriverWait(browser, 60).until(lambda d: d.find_element(By.CSS_SELECTOR, "#question textarea"))
     patient(browser, 10).until(lambda d: "open" not in d.find_element(By.ID, "sidebar").get_attribute("class"))
     toggle = browser.find_element(By.CSS_SELECTOR, "#sidebar .toggle-button")
@@ -281,7 +283,12 @@ def test_at_phone_width_tables_scroll_in_their_box_the_cited_passage_shows_and_t
     assert browser.execute_script("return arguments[0].getBoundingClientRect().bottom", box) <= 800
     screenshot(browser, "phone-400.png")
 
-    citation(browser, 0).click()  # the note panel sits below the chat here: it is brought into view
+    served.process.send_signal(signal.SIGSTOP)  # a busy machine: the note comes 7 s after the click
+    try:
+        citation(browser, 0).click()  # the note panel sits below the chat here: it is brought into view
+        time.sleep(7)  # the page waits for the note itself, not for Gradio's loading overlay or a fixed time
+    finally:
+        served.process.send_signal(signal.SIGCONT)
     patient(browser).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#note-view .brain-hit"))
     patient(browser, 10).until(lambda d: in_viewport(d, d.find_element(By.ID, "brain-hit")))
     screenshot(browser, "phone-400-note.png")

@@ -81,18 +81,18 @@ document.addEventListener("click", (event) => {
   const box = document.querySelector(`#${boxId} textarea, #${boxId} input`);
   const button = document.getElementById(buttonId);
   if (!box || !button) return;
-  const view = document.getElementById("note-view");
-  const before = view ? view.innerHTML : "";
+  const shownBody = document.querySelector("#note-view .brain-note-body");
+  if (shownBody) shownBody.dataset.brainShown = "1";  // the note on screen now; the one asked for lacks the mark
   box.value = href.slice(1);
   box.dispatchEvent(new Event("input", {bubbles: true}));
   button.click();
   if (prefix !== "#brain-note?") return;
   let waited = 0;
-  const shown = setInterval(() => {  // once the note is in, bring its cited passage into view
-    const now = document.getElementById("note-view");
-    if ((now && now.innerHTML !== before) || (waited += 100) > 5000) {
+  const shown = setInterval(() => {  // once the note's body is in (not Gradio's loading overlay: a slow machine
+    const body = document.querySelector("#note-view .brain-note-body");  // shows it first), show its cited passage
+    if ((body && !body.dataset.brainShown) || (waited += 100) > 20000) {
       clearInterval(shown);
-      const target = document.getElementById("brain-hit") || now;
+      const target = document.getElementById("brain-hit") || document.getElementById("note-view");
       if (target) target.scrollIntoView({block: "center"});
     }
   }, 100);
