@@ -8,6 +8,12 @@ name is first read; their own statements (a logger's handler, module globals) ru
 `llama_index.core.retrievers.fusion_retriever` then loads what that module needs and nothing else, and code that
 reads `llama_index.core.VectorStoreIndex` still gets it, imported then.
 
+`defer_module_bodies(names)` goes further for modules such a process imports and never reads: `requests` (imported
+by llama_index.core.schema for fetching images), `scipy.sparse` (bm25s, for a matrix format a saved index does not use),
+the `rich` and `pygments` modules of httpx's command-line tool. Such a module is bound at once and runs its body when
+one of its attributes is first read: a search then never runs them (~0.15 s of CPU), and code that does read them
+gets them, loaded then.
+
 Only for a process that runs one command and ends (rag_app.shells.warm_engine.main): its imports happen on one thread.
 Long-running shells import LlamaIndex whole, on their main thread, before starting threads (Brain.load_libraries).
 """
@@ -19,10 +25,15 @@ import importlib
 import importlib.machinery
 import importlib.util
 import sys
+from collections.abc import Iterable
 from types import ModuleType
 from typing import Any
 
 LLAMA_INDEX = "llama_index.core"
+# Imported on a one-shot command's path, read by none of its commands (tests/rag_app/shells/test_lazy_packages.py
+# checks that a cold search and ask leave them unrun): why each is imported is in the module's docstring.
+UNREAD_MODULES = ("requests", "scipy.sparse", "rich.console", "rich.markup", "rich.progress", "rich.syntax",
+                  "rich.table", "pygments.lexers", "pygments.util")
 
 
 def defer_package_inits(root: str = LLAMA_INDEX) -> None:
@@ -145,3 +156,71 @@ def _resolver(module: ModuleType, exports: dict[str, tuple[str, str | None]]) ->
         return value
 
     return __getattr__
+
+
+def defer_module_bodies(names: Iterable[str] = UNREAD_MODULES) -> None:
+    """From now on, these modules imported for the first time are bound at once and run their body when one of their
+    attributes is first read (as `importlib.util.LazyLoader` does, except that importing them again does not run
+    them: the import system reads only `__spec__` then). Calling it again with the same names changes nothing."""
+    wanted = frozenset(names)
+    if not any(isinstance(f, _UnreadModuleFinder) and f.names == wanted for f in sys.meta_path):
+        sys.meta_path.insert(0, _UnreadModuleFinder(wanted))
+
+
+def is_unread(module: ModuleType) -> bool:
+    """Whether a module of `defer_module_bodies` is still waiting for its first read (its body not run)."""
+    return type(module) is _UnreadModule
+
+
+class _UnreadModuleFinder:
+    """A meta path finder: the modules named, as the path finder finds them, their loader wrapped."""
+
+    def __init__(self, names: frozenset[str]):
+        self.names = names
+
+    def find_spec(self, name: str, path: Any,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if name not in self.names:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _UnreadModuleLoader(spec.loader)
+        return spec
+
+
+class _UnreadModuleLoader:
+    """Leaves the module's body for its first read (_UnreadModule)."""
+
+    def __init__(self, real: Any):
+        self.real = real
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self.real.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        module.__class__ = _UnreadModule
+
+    def __getattr__(self, attr: str) -> Any:  # get_data, get_resource_reader, is_package...: the real loader's
+        return getattr(self.real, attr)
+
+
+# What the import system reads of a module it already has (`import requests` a second time): answered without the body.
+_IMPORT_SYSTEM_READS = frozenset({"__spec__", "__name__", "__loader__", "__class__"})
+
+
+class _UnreadModule(ModuleType):
+    """A module whose body runs on the first read of anything but what the import system reads. The body then runs
+    as a plain module's (the class is switched first, so a circular import inside it reads it as it would any module
+    being imported)."""
+
+    def __getattribute__(self, attr: str) -> Any:
+        if attr in _IMPORT_SYSTEM_READS:
+            return object.__getattribute__(self, attr)
+        spec = object.__getattribute__(self, "__spec__")
+        real = spec.loader.real
+        object.__setattr__(self, "__class__", ModuleType)
+        spec.loader = real
+        self.__loader__ = real
+        real.exec_module(self)
+        return getattr(self, attr)

@@ -1,5 +1,6 @@
-"""Deferred package inits (rag_app.shells.lazy_packages): a one-shot `brain` process imports the LlamaIndex modules its
-command uses, not the whole package, and answers exactly as a process that imported it whole."""
+"""Deferred package inits and unread modules (rag_app.shells.lazy_packages): a one-shot `brain` process imports the
+LlamaIndex modules its command uses, not the whole package, leaves the modules it never reads unrun, and answers
+exactly as a process that imported everything."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+from rag_app.shells.lazy_packages import UNREAD_MODULES
 from tests.conftest import REPO, write_files
 from tests.doubles.openai_server import OpenAIDouble
 
@@ -92,6 +94,35 @@ def test_two_threads_reading_deferred_names_while_one_imports_a_module_that_read
     assert out.splitlines() == ["Thing small"]
 
 
+def test_a_module_left_unread_runs_its_body_on_the_first_read_of_an_attribute_and_not_on_a_second_import(tmp_path):
+    write_files(tmp_path, {
+        "unread.py": "import sys\nsys.modules['__main__'].LOADED.append('unread')\nVALUE = 42\n",
+        "consumer.py": "import unread\nimport unread as again\nKEPT = again\n",
+        "spkg/__init__.py": "import sys\nsys.modules['__main__'].LOADED.append('spkg')\n",
+        "spkg/sub.py": "import sys\nsys.modules['__main__'].LOADED.append('spkg.sub')\nLEAF = 'leaf'\n",
+    })
+    out = run_python("""
+        import sys
+        LOADED = []
+        from rag_app.shells.lazy_packages import defer_module_bodies, is_unread
+        defer_module_bodies(["unread", "spkg"])
+        import consumer
+        import unread
+        print("imported twice:", LOADED, is_unread(unread), consumer.KEPT is unread, unread.__name__, LOADED)
+        print("read:", unread.VALUE, LOADED, is_unread(unread))
+        from spkg.sub import LEAF
+        print("submodule:", LEAF, LOADED)
+        import spkg
+        print("from import:", is_unread(spkg))
+    """, tmp_path)
+    assert out.splitlines() == [
+        "imported twice: [] True True unread []",
+        "read: 42 ['unread'] False",
+        "submodule: leaf ['unread', 'spkg', 'spkg.sub']",  # a package runs before its submodule, as always
+        "from import: False",
+    ]
+
+
 def test_every_llama_index_core_package_init_defers_cleanly():
     """Each of LlamaIndex's package inits runs deferred without error and keeps only the statements of its own (an
     upgrade whose init needs an imported name at import time fails here, not in a user's search)."""
@@ -117,7 +148,8 @@ def test_every_llama_index_core_package_init_defers_cleanly():
 
 def test_a_cold_search_and_ask_import_no_index_chat_engine_or_sqlalchemy_and_answer_as_a_full_import_does(
         home, make_vault, tmp_path):
-    """Searching, asking without an LLM and asking one (the OpenAI-like client's modules resolve on first use too)."""
+    """Searching (a query BM25 covers, and one only the vectors answer), asking without an LLM and asking one (the
+    OpenAI-like client's modules resolve on first use too); the modules left unread stay unrun."""
     vault = make_vault({
         "films.md": "# 电影清单\n\n今年想看的电影：星际穿越、千与千寻。周末去电影院观影。\n",
         "deploy.md": "# Deploy\n\nHow we deploy the service: build the image, push it, roll out with kubectl.\n",
@@ -131,21 +163,31 @@ def test_a_cold_search_and_ask_import_no_index_chat_engine_or_sqlalchemy_and_ans
     with_llm = {"LLM_BASE_URL": llm.url, "LLM_MODEL": "qwen2.5", "LLM_API_KEY": "sk-test-0123456789"}
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "OPENAI_"))}
     try:
-        for command, extra in ((["search", "观影", "--json"], {}), (["ask", "how do we deploy", "--json"], {}),
+        chroma_read = []
+        for command, extra in ((["search", "观影", "--json"], {}),
+                               (["search", "container orchestration", "--json"], {}),
+                               (["ask", "how do we deploy", "--json"], {}),
                                (["ask", "how do we deploy the service", "--json"], with_llm)):
             argv = ["brain", "--home", str(home), "--no-daemon", *command]
             lazy = subprocess.run(
                 [sys.executable, "-c", "import json, os, sys\nend = os._exit\n"  # a one-shot command ends by os._exit
-                 f"os._exit = lambda code: (open({str(modules)!r}, 'w').write(json.dumps(list(sys.modules))), "
+                 f"os._exit = lambda code: (open({str(modules)!r}, 'w').write(json.dumps({{n: type(m).__name__ "
+                 f"for n, m in sys.modules.items()}})), "
                  f"end(code))\nsys.argv = {argv!r}\nfrom rag_app.shells.warm_engine import main\nmain()"],
                 capture_output=True, text=True, timeout=300, cwd=REPO, env=env | extra)
             whole = subprocess.run([sys.executable, "-m", "rag_app.shells.cli", *argv[1:]], capture_output=True,
                                    text=True, timeout=300, cwd=REPO, env=env | extra)
             assert lazy.returncode == whole.returncode == 0, lazy.stderr[-2000:] + whole.stderr
-            imported = set(json.loads(modules.read_text()))
+            imported = json.loads(modules.read_text())
             assert "llama_index.core.retrievers.fusion_retriever" in imported
-            assert not imported & {"llama_index.core.indices.base", "llama_index.core.chat_engine", "sqlalchemy"}
+            assert not imported.keys() & {"llama_index.core.indices.base", "llama_index.core.chat_engine", "sqlalchemy"}
+            unread = {name for name, kind in imported.items() if kind == "_UnreadModule"}
+            assert unread == {name for name in UNREAD_MODULES if name in imported}, "imported and read: update the list"
+            assert {"requests", "scipy.sparse"} <= unread and ("httpx" not in imported or "rich.console" in unread)
+            chroma_read.append("chromadb.api.rust" in imported)  # a query BM25 does not cover reads the vectors
+            assert not imported.keys() & {"urllib3", "scipy.sparse._base", "rich.text"}  # what they would import
             assert json.loads(lazy.stdout) == json.loads(whole.stdout)
         assert json.loads(lazy.stdout)["mode"] == "llm" and len(llm.requests) == 2
+        assert chroma_read[1]
     finally:
         llm.stop()
