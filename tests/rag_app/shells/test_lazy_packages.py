@@ -71,6 +71,40 @@ def test_a_deferred_package_runs_its_own_statements_and_imports_a_re_export_when
     ]
 
 
+def test_a_deferred_package_s_own_statements_and_functions_import_a_re_export_when_they_read_it(tmp_path):
+    """Chroma's `__init__` builds its default settings from a name it imports and calls re-exported classes in its
+    functions: each is imported when that statement or call reads it, not before."""
+    write_files(tmp_path, {
+        "pkg/__init__.py": "from pkg.config import Settings\nfrom pkg.client import Client\n"
+                           "from pkg.extra import Extra\n_settings = Settings()\n"
+                           "def make():\n    return Client(_settings)\n",
+        "pkg/config.py": "import sys\nsys.modules['__main__'].LOADED.append('config')\nclass Settings: ...\n",
+        "pkg/client.py": "import sys\nsys.modules['__main__'].LOADED.append('client')\n"
+                         "class Client:\n    def __init__(self, settings):\n        self.settings = settings\n",
+        "pkg/extra.py": "import sys\nsys.modules['__main__'].LOADED.append('extra')\nclass Extra: ...\n",
+    })
+    out = run_python("""
+        LOADED = []
+        from rag_app.shells.lazy_packages import defer_package_inits, deferred_names
+        defer_package_inits("pkg")
+        import pkg
+        print("imported:", LOADED, sorted(deferred_names(pkg)))
+        client = pkg.make()
+        print("called:", LOADED, type(client.settings).__name__, sorted(deferred_names(pkg)))
+        print("builtins:", len([1, 2]), isinstance(client, object))
+        try:
+            pkg.make.__globals__["__builtins__"]["nothing_here"]
+        except KeyError:
+            print("unknown: KeyError")
+    """, tmp_path)
+    assert out.splitlines() == [
+        "imported: ['config'] ['Client', 'Extra']",
+        "called: ['config', 'client'] Settings ['Extra']",
+        "builtins: 2 True",
+        "unknown: KeyError",
+    ]
+
+
 def test_two_threads_reading_deferred_names_while_one_imports_a_module_that_reads_another_do_not_deadlock(tmp_path):
     """One thread imports a module whose body reads a deferred name of its package while another thread reads a
     deferred name that needs that same module: Python's import locks order this; a lock of the resolver's own, held
@@ -144,6 +178,40 @@ def test_every_llama_index_core_package_init_defers_cleanly():
     assert len(waiting) > 50
     assert {name: error for name, error in waiting.items() if isinstance(error, str)} == {}
     assert waiting["llama_index.core"] > 30  # VectorStoreIndex, Settings, ...: none imported by the package itself
+
+
+def test_every_chromadb_package_init_defers_cleanly():
+    """Each of Chroma's package inits runs deferred wherever it runs imported whole (the server's needs a package this
+    project does not install: deferred, that import waits for a read of its name), and the telemetry exporters, which
+    only a function of Chroma's `__init__` reads, are not imported."""
+    code = """
+        import importlib, json, os, pkgutil, sys
+        from rag_app.shells.lazy_packages import defer_package_inits, deferred_names
+        if os.environ["DEFER"]:
+            defer_package_inits("chromadb")
+        import chromadb
+        print(json.dumps({"otel": "opentelemetry.exporter.otlp.proto.grpc.trace_exporter" in sys.modules}))
+        outcome = {}
+        for info in pkgutil.walk_packages(chromadb.__path__, "chromadb.", onerror=lambda name: None):
+            if info.ispkg:
+                try:
+                    outcome[info.name] = len(deferred_names(importlib.import_module(info.name)))
+                except Exception as exc:
+                    outcome[info.name] = f"{type(exc).__name__}: {exc}"
+        print(json.dumps(outcome))
+    """
+    runs = {}
+    for defer in ("", "1"):
+        done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, cwd=REPO,
+                              timeout=300, env={**os.environ, "DEFER": defer, "ANONYMIZED_TELEMETRY": "False"})
+        assert done.returncode == 0, done.stderr
+        runs[defer] = [json.loads(line) for line in done.stdout.splitlines()]
+    (whole_start, whole), (deferred_start, deferred) = runs[""], runs["1"]
+    assert whole_start == {"otel": True} and deferred_start == {"otel": False}
+    assert len(deferred) > 25 and deferred.keys() == whole.keys()
+    failed = {name for name, error in deferred.items() if isinstance(error, str)}
+    assert failed <= {name for name, error in whole.items() if isinstance(error, str)}  # fewer: a failing import waits
+    assert sum(waiting for waiting in deferred.values() if isinstance(waiting, int)) > 100
 
 
 def test_a_cold_search_and_ask_import_no_index_chat_engine_or_sqlalchemy_and_answer_as_a_full_import_does(
