@@ -10,11 +10,11 @@ what that module needs and nothing else, and code that reads `llama_index.core.V
 imported then. `chromadb`'s `__init__` likewise imports OpenTelemetry's gRPC exporter (through `TokenTransportHeader`,
 read only by its `CloudClient`) and the async HTTP client: ~220 modules, ~0.15 s of CPU that a local search skips.
 
-`defer_module_bodies(names)` goes further for modules such a process imports and never reads: `requests` (imported
-by llama_index.core.schema for fetching images), `scipy.sparse` (bm25s, for a matrix format a saved index does not use),
-the `rich` and `pygments` modules of httpx's command-line tool. Such a module is bound at once and runs its body when
-one of its attributes is first read: a search then never runs them (~0.15 s of CPU), and code that does read them
-gets them, loaded then.
+`defer_module_bodies(names)` goes further for modules such a process imports and never reads: `requests`, `PIL.Image`,
+`filetype` and `platformdirs` (imported by LlamaIndex's schema and utils for fetching, sniffing and caching images and
+files), `scipy.sparse` (bm25s, for a matrix format a saved index does not use), the `rich` and `pygments` modules of
+httpx's command-line tool. Such a module is bound at once and runs its body when one of its attributes is first read:
+a search then never runs them (~0.15 s of CPU), and code that does read them gets them, loaded then.
 
 Only for a process that runs one command and ends (rag_app.shells.warm_engine.main): its imports happen on one thread.
 Long-running shells import LlamaIndex whole, on their main thread, before starting threads (Brain.load_libraries).
@@ -35,8 +35,8 @@ from typing import Any
 LLAMA_INDEX = "llama_index.core"
 # Imported on a one-shot command's path, read by none of its commands (tests/rag_app/shells/test_lazy_packages.py
 # checks that a cold search and ask leave them unrun): why each is imported is in the module's docstring.
-UNREAD_MODULES = ("requests", "scipy.sparse", "rich.console", "rich.markup", "rich.progress", "rich.syntax",
-                  "rich.table", "pygments.lexers", "pygments.util")
+UNREAD_MODULES = ("requests", "PIL.Image", "filetype", "platformdirs", "scipy.sparse", "rich.console", "rich.markup",
+                  "rich.progress", "rich.syntax", "rich.table", "pygments.lexers", "pygments.util")
 
 
 def defer_package_inits(root: str = LLAMA_INDEX) -> None:
@@ -199,11 +199,13 @@ class _UnreadModuleFinder:
 
     def find_spec(self, name: str, path: Any,
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if _RUN_FOR_A_SUBMODULE and _RUN_FOR_A_SUBMODULE.pop() == name.rpartition(".")[0] and name in sys.modules:
+            return importlib.util.spec_from_loader(name, _AlreadyRun(sys.modules[name]))
         if name not in self.names:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return None
+        if spec is None or not isinstance(spec.loader, importlib.machinery.SourceFileLoader):
+            return None  # an extension module runs as it is created: nothing to leave for later
         spec.loader = _UnreadModuleLoader(spec.loader)
         return spec
 
@@ -211,11 +213,11 @@ class _UnreadModuleFinder:
 class _UnreadModuleLoader:
     """Leaves the module's body for its first read (_UnreadModule)."""
 
-    def __init__(self, real: Any):
+    def __init__(self, real: importlib.machinery.SourceFileLoader):
         self.real = real
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self.real.create_module(spec)
+        return None
 
     def exec_module(self, module: ModuleType) -> None:
         module.__class__ = _UnreadModule
@@ -223,6 +225,24 @@ class _UnreadModuleLoader:
     def __getattr__(self, attr: str) -> Any:  # get_data, get_resource_reader, is_package...: the real loader's
         return getattr(self.real, attr)
 
+
+class _AlreadyRun:
+    """The loader of a submodule that its package's body imported while the import system was importing it (it read
+    the package's `__path__`, which ran the body): the module as it is, not a second copy."""
+
+    def __init__(self, module: ModuleType):
+        self.module, self.spec = module, module.__spec__
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        return self.module
+
+    def exec_module(self, module: ModuleType) -> None:
+        module.__spec__ = self.spec  # the import system set its own
+
+
+# The package whose body has just run because its `__path__` was read: the import system reads it to import a
+# submodule, and looks for that submodule next; if the body imported it, that is the module (_AlreadyRun).
+_RUN_FOR_A_SUBMODULE: list[str] = []
 
 # What the import system reads of a module it already has (`import requests` a second time): answered without the body.
 _IMPORT_SYSTEM_READS = frozenset({"__spec__", "__name__", "__loader__", "__class__"})
@@ -242,4 +262,6 @@ class _UnreadModule(ModuleType):
         spec.loader = real
         self.__loader__ = real
         real.exec_module(self)
+        if attr == "__path__":
+            _RUN_FOR_A_SUBMODULE[:] = [spec.name]
         return getattr(self, attr)

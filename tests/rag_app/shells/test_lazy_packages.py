@@ -71,6 +71,28 @@ def test_a_deferred_package_runs_its_own_statements_and_imports_a_re_export_when
     ]
 
 
+def test_importing_a_submodule_of_an_unread_package_runs_the_package_first_and_each_module_once(tmp_path):
+    """The import system reads the package's `__path__` to import the submodule; the package's body, run then,
+    imports that submodule itself: there is still one module of that name, run once."""
+    write_files(tmp_path, {
+        "rpkg/__init__.py": "import sys\nsys.modules['__main__'].LOADED.append('rpkg')\nfrom rpkg import adapters\n",
+        "rpkg/adapters.py": "import sys\nsys.modules['__main__'].LOADED.append('adapters')\nclass Adapter: ...\n",
+        "rpkg/other.py": "import sys\nsys.modules['__main__'].LOADED.append('other')\n",
+    })
+    out = run_python("""
+        import sys
+        LOADED = []
+        from rag_app.shells.lazy_packages import defer_module_bodies
+        defer_module_bodies(["rpkg"])
+        import rpkg
+        from rpkg.adapters import Adapter
+        import rpkg.other
+        print(LOADED, rpkg.adapters is sys.modules["rpkg.adapters"], Adapter is rpkg.adapters.Adapter)
+        print(sys.modules["rpkg.adapters"].__spec__.origin.endswith("adapters.py"))
+    """, tmp_path)
+    assert out.splitlines() == ["['rpkg', 'adapters', 'other'] True True", "True"]
+
+
 def test_a_deferred_package_s_own_statements_and_functions_import_a_re_export_when_they_read_it(tmp_path):
     """Chroma's `__init__` builds its default settings from a name it imports and calls re-exported classes in its
     functions: each is imported when that statement or call reads it, not before."""
@@ -253,7 +275,7 @@ def test_a_cold_search_and_ask_import_no_index_chat_engine_or_sqlalchemy_and_ans
             assert unread == {name for name in UNREAD_MODULES if name in imported}, "imported and read: update the list"
             assert {"requests", "scipy.sparse"} <= unread and ("httpx" not in imported or "rich.console" in unread)
             chroma_read.append("chromadb.api.rust" in imported)  # a query BM25 does not cover reads the vectors
-            assert not imported.keys() & {"urllib3", "scipy.sparse._base", "rich.text"}  # what they would import
+            assert not imported.keys() & {"urllib3", "scipy.sparse._base", "rich.text", "PIL.ImageMode"}  # theirs
             assert json.loads(lazy.stdout) == json.loads(whole.stdout)
         assert json.loads(lazy.stdout)["mode"] == "llm" and len(llm.requests) == 2
         assert chroma_read[1]
