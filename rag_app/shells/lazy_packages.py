@@ -16,6 +16,8 @@ files), `scipy.sparse` (bm25s, for a matrix format a saved index does not use), 
 httpx's command-line tool. Such a module is bound at once and runs its body when one of its attributes is first read:
 a search then never runs them (~0.15 s of CPU), and code that does read them gets them, loaded then.
 
+`skip_override_checks()` skips the checks Chroma's classes run on themselves as they are created (~0.13 s).
+
 Only for a process that runs one command and ends (rag_app.shells.warm_engine.main): its imports happen on one thread.
 Long-running shells import LlamaIndex whole, on their main thread, before starting threads (Brain.load_libraries).
 """
@@ -175,6 +177,23 @@ def _resolver(module: ModuleType, exports: dict[str, tuple[str, str | None]]) ->
         return value
 
     return __getattr__
+
+
+def skip_override_checks() -> None:
+    """Chroma decorates ~120 methods with `overrides.override`, which checks each one against its base class while
+    the class is created: it disassembles the defining module's code to find the bases and compares the signatures'
+    type hints (importing what they name), ~0.13 s of CPU in a cold search, to raise only for a mistake in Chroma
+    itself. From now on the decorator marks the method as an override (what `EnforceOverrides` classes check) and
+    returns it, as it does after a passing check; a method without a docstring no longer copies its base's."""
+    import overrides
+
+    def override(method: Any = None, **_options: Any) -> Any:
+        if method is None:  # @override(check_signature=...)
+            return override
+        method.__override__ = True
+        return method
+
+    overrides.override = overrides.overrides = override
 
 
 def defer_module_bodies(names: Iterable[str] = UNREAD_MODULES) -> None:

@@ -284,18 +284,19 @@ def main() -> None:
 
 
 def _lean_start() -> None:
-    """How a one-shot command starts: LlamaIndex's and Chroma's package inits deferred and the modules it imports but
-    never reads left unrun (shells/lazy_packages.py), and the cyclic garbage collector run every 50,000 allocations
-    rather than every 700: the imports make ~200,000 objects that live as long as the process, and collecting them
-    again and again cost ~0.1 s of CPU."""
+    """How a one-shot command starts: LlamaIndex's and Chroma's package inits deferred, the modules it imports but
+    never reads left unrun and Chroma's checks of its own classes skipped (shells/lazy_packages.py), and the cyclic
+    garbage collector run every 50,000 allocations rather than every 700: the imports make ~200,000 objects that live
+    as long as the process, and collecting them again and again cost ~0.1 s of CPU."""
     import gc
 
-    from rag_app.shells.lazy_packages import defer_module_bodies, defer_package_inits
+    from rag_app.shells.lazy_packages import defer_module_bodies, defer_package_inits, skip_override_checks
 
     gc.set_threshold(50_000, 10, 10)
     defer_package_inits()
     defer_package_inits("chromadb")
     defer_module_bodies()
+    skip_override_checks()
 
 
 def _end_now(code: object) -> NoReturn:

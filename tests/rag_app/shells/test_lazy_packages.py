@@ -236,6 +236,33 @@ def test_every_chromadb_package_init_defers_cleanly():
     assert sum(waiting for waiting in deferred.values() if isinstance(waiting, int)) > 100
 
 
+def test_with_override_checks_skipped_chroma_still_marks_its_overrides_and_stores_and_queries(tmp_path):
+    """Chroma's classes are created without the decorator's checks (a signature that differs from its base's passes),
+    their overriding methods still marked as `EnforceOverrides` requires, and a store written and read as always."""
+    out = run_python(f"""
+        from rag_app.shells.lazy_packages import skip_override_checks
+        skip_override_checks()
+        import chromadb
+        from chromadb.api.rust import RustBindingsAPI
+        from overrides import EnforceOverrides, override
+
+        class Base(EnforceOverrides):
+            def count(self, collection: str) -> int: ...
+
+        class Loose(Base):
+            @override
+            def count(self, other: bytes, extra: float) -> str: ...
+
+        client = chromadb.PersistentClient(path={str(tmp_path / "chroma")!r},
+                                           settings=chromadb.config.Settings(anonymized_telemetry=False))
+        notes = client.get_or_create_collection("notes", metadata={{"hnsw:space": "cosine"}})
+        notes.add(ids=["a", "b"], embeddings=[[1.0, 0.0], [0.0, 1.0]])
+        print(RustBindingsAPI._count.__override__, notes.count(),
+              notes.query(query_embeddings=[[0.9, 0.1]], n_results=1)["ids"])
+    """, tmp_path)
+    assert out.splitlines() == ["True 2 [['a']]"]
+
+
 def test_a_cold_search_and_ask_import_no_index_chat_engine_or_sqlalchemy_and_answer_as_a_full_import_does(
         home, make_vault, tmp_path):
     """Searching (a query BM25 covers, and one only the vectors answer), asking without an LLM and asking one (the
