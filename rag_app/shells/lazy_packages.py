@@ -280,7 +280,11 @@ class _UnreadModule(ModuleType):
         object.__setattr__(self, "__class__", ModuleType)
         spec.loader = real
         self.__loader__ = real
-        real.exec_module(self)
+        try:
+            real.exec_module(self)
+        except BaseException:
+            sys.modules.pop(spec.name, None)  # as a failed import leaves it: the next import tries again
+            raise
         if attr == "__path__":
             _RUN_FOR_A_SUBMODULE[:] = [spec.name]
         return getattr(self, attr)

@@ -71,6 +71,25 @@ def test_a_deferred_package_runs_its_own_statements_and_imports_a_re_export_when
     ]
 
 
+def test_an_unread_module_whose_body_fails_raises_on_the_first_read_and_is_imported_afresh_next_time(tmp_path):
+    write_files(tmp_path, {"broken.py": "import sys\nLOADED = sys.modules['__main__'].LOADED\nLOADED.append('run')\n"
+                                        "if len(LOADED) == 1:\n    raise RuntimeError('first run fails')\nVALUE = 7\n"})
+    out = run_python("""
+        import sys
+        LOADED = []
+        from rag_app.shells.lazy_packages import defer_module_bodies
+        defer_module_bodies(["broken"])
+        import broken
+        try:
+            broken.VALUE
+        except RuntimeError as exc:
+            print("first read:", exc, "broken" in sys.modules)
+        import broken
+        print("again:", broken.VALUE, LOADED)
+    """, tmp_path)
+    assert out.splitlines() == ["first read: first run fails False", "again: 7 ['run', 'run']"]
+
+
 def test_importing_a_submodule_of_an_unread_package_runs_the_package_first_and_each_module_once(tmp_path):
     """The import system reads the package's `__path__` to import the submodule; the package's body, run then,
     imports that submodule itself: there is still one module of that name, run once."""
