@@ -160,7 +160,9 @@ def test_the_warm_engine_sees_what_the_watcher_synced(tmp_path: Path):
     assert brain(home, "sync", "--vault", str(vault), env=env).returncode == 0
     process = start_watch(home, env)
     try:
-        (vault / "b.md").write_text("# Beta\n\nzanzibarite mineral samples\n", encoding="utf-8")
+        written = tmp_path / "b.md"  # saved whole, as editors do: a watcher never lists it empty (titled "b")
+        written.write_text("# Beta\n\nzanzibarite mineral samples\n", encoding="utf-8")
+        written.replace(vault / "b.md")
         wait_for(lambda: "+1 ~0 -0 =1" in (home / "brain.log").read_text(encoding="utf-8"), 60)
         found = json.loads(brain(home, "search", "zanzibarite", "--json", env=env).stdout)["results"]
         assert [r["title"] for r in found][:1] == ["Beta"], found
