@@ -201,12 +201,13 @@ class _PrefixGroups:
 
         self.lookups += 1
         if self.lookups > _WHOLE_PREFIXES_AFTER:
-            if self.whole is None:
-                self.whole = {}
+            whole = self.whole
+            if whole is None:  # gathered apart and then shown: another thread's text never sees it half filled
+                whole = {}
                 for number, blob in enumerate(self.groups):
-                    self.whole.update(self.read[number] or marshal.loads(blob))
-                self.tokenizer._prefixes = self.whole  # its next text looks up in the dict itself
-            return self.whole.get(key, default)
+                    whole.update(self.read[number] or marshal.loads(blob))
+                self.whole = self.tokenizer._prefixes = whole  # its next text looks up in the dict itself
+            return whole.get(key, default)
         number = _prefix_group(key)
         group = self.read[number]
         if group is None:

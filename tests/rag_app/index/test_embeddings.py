@@ -358,6 +358,41 @@ def test_use_m3_tokenizer_from_the_cache_tokenizes_exactly_as_the_package(tmp_pa
     use_tokenizer.cache_clear()
 
 
+def test_use_m3_prefix_groups_never_answer_from_a_half_gathered_table(monkeypatch):
+    """A background sync embedding passages gathers the whole prefix table while a search on another thread embeds its
+    query: that lookup gets the prefix's true entry, never a miss from a dict still being filled (wrong tokens)."""
+    import marshal
+    import threading
+
+    from rag_app.index import embeddings
+
+    groups = [{} for _ in range(embeddings._PREFIX_GROUPS)]
+    for prefix in ("▁a", "▁b", "观影"):
+        groups[embeddings._prefix_group(prefix)][prefix] = 7
+    table = embeddings._PrefixGroups(object.__new__(type("Tokenizer", (), {})), [marshal.dumps(g) for g in groups])
+    table.lookups = embeddings._WHOLE_PREFIXES_AFTER
+    last = embeddings._prefix_group("观影")
+    gathering, searched = threading.Event(), threading.Event()
+    loads = marshal.loads
+
+    def slow_loads(blob: bytes) -> object:
+        if threading.current_thread().name == "sync" and blob == table.groups[last]:
+            gathering.set()
+            searched.wait(10)  # the sync's thread is part-way through the groups
+        return loads(blob)
+
+    monkeypatch.setattr(marshal, "loads", slow_loads)
+    sync = threading.Thread(target=table.get, args=("▁a",), name="sync")
+    sync.start()
+    assert gathering.wait(10)
+    try:
+        assert table.get("观影") == 7
+    finally:
+        searched.set()
+        sync.join(10)
+    assert table.get("观影") == 7 and table.get("▁b") == 7 and table.get("x") is None
+
+
 def test_use_m3_weights_from_the_cache_embed_exactly_as_the_package(tmp_path, monkeypatch):
     """The backend's arrays read (the table mapped) from the per-user cache give the very vectors of the package's own
     encoder; a damaged cache is built again, and a reinstalled package's cache replaces the old one."""
