@@ -93,17 +93,24 @@ def materialise(shared: Path, eval_set: EvalSet, out: Path) -> EvalSet:
     return eval_set
 
 
-def ready_home(out: Path, eval_set: EvalSet, model: str) -> Path:
-    """The set's bench home, or exit: missing, or still filling vectors (a sync reports before its vectors are in,
-    and the engine searches only complete channels, so measuring now would quietly score fewer channels)."""
+def unfilled_channels(home: Path) -> list[str]:
+    """The home's search channels still filling vectors (a sync reports before its vectors are in)."""
     from rag_app.engine import Brain
 
+    brain = Brain(home)
+    try:
+        return [c for c, v in brain.status()["channels"].items() if not v["complete"]]
+    finally:
+        brain.close()
+
+
+def ready_home(out: Path, eval_set: EvalSet, model: str) -> Path:
+    """The set's bench home, or exit: missing, or still filling vectors (the engine searches only complete channels,
+    so measuring now would quietly score fewer channels)."""
     home = out / "homes" / f"{eval_set.home_name}-{model}"
     if not (home / "index.sqlite").exists():
         sys.exit(f"{home} is missing: run python bench/prepare_eval.py --model {model} {eval_set.name}")
-    brain = Brain(home)
-    unfilled = [c for c, v in brain.status()["channels"].items() if not v["complete"]]
-    brain.close()
+    unfilled = unfilled_channels(home)
     if unfilled:
         sys.exit(f"{home}: {', '.join(unfilled)} still filling (brain --home {home} status); try again when done")
     return home

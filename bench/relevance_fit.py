@@ -31,7 +31,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from eval_sets import load_set, materialise, ready_home  # noqa: E402
+from eval_sets import load_set, materialise, ready_home, unfilled_channels  # noqa: E402
 from metrics import ndcg_at  # noqa: E402
 
 from rag_app.config import FAST_EMBEDDING, load_settings  # noqa: E402
@@ -124,12 +124,15 @@ def configuration(settings, config: str):
 
 def home_model(name: str, config: str) -> str:
     """The home a configuration runs on: the default one (e5-small + USE-m3), or for fast and bm25 a USE-m3-only home
-    when the set has no default home (its vectors and chunks are the same; e5 at ~10 chunks/s is the slow part).
+    when the set has no default home or its e5 vectors are still filling (its vectors and chunks are the same; e5 at
+    ~10 chunks/s is the slow part).
     `minilm`: a home embedded with a model the relevance model never saw in fitting, standing for a remote or
     HuggingFace model (all-MiniLM-L6-v2, English; bench/out/homes/SET-minilm, made by hand with `hf:<dir>`)."""
     if config == "minilm":
         return "minilm"
-    if config in ("fast", "bm25", "fast-vector") and not (OUT / "homes" / f"{name}-e5-small" / "index.sqlite").exists():
+    default = OUT / "homes" / f"{name}-e5-small"
+    if config in ("fast", "bm25", "fast-vector") and (not (default / "index.sqlite").exists()
+                                                      or unfilled_channels(default)):
         return FAST_EMBEDDING
     return "e5-small"
 
