@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlparse
@@ -164,9 +165,19 @@ def rename_chunks(collection: Any, renames: dict[str, str], remap: Callable[[dic
     return moved
 
 
+def _swapped_away(exc: Exception) -> bool:
+    """Chroma's answer to a call on a collection `brain doctor --compact` is deleting: not found once it is gone, or,
+    from a server caught mid-delete, "Missing field: [Missing metadata segment]"."""
+    from chromadb.errors import ChromaError, NotFoundError
+
+    return isinstance(exc, NotFoundError) or (isinstance(exc, ChromaError) and "missing" in str(exc).lower()
+                                              and "segment" in str(exc).lower())
+
+
 class LiveCollection:
     """A collection for a long-lived reader: when its id vanishes (`brain doctor --compact` swapped in a rebuilt copy
-    under the same name), it is looked up again by name and the call is retried once."""
+    under the same name), it is looked up again by name and the call is retried once. The lookup waits out the
+    instant of the swap when neither copy has the name (up to ~1 s)."""
 
     def __init__(self, client: Any, name: str):
         self._client = client
@@ -179,15 +190,25 @@ class LiveCollection:
             return value
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            from chromadb.errors import NotFoundError
-
             try:
                 return value(*args, **kwargs)
-            except NotFoundError:
-                self._collection = self._client.get_collection(self._name)
+            except Exception as exc:
+                if not _swapped_away(exc):
+                    raise
+                self._collection = self._look_up_again()
                 return getattr(self._collection, attr)(*args, **kwargs)
 
         return call
+
+    def _look_up_again(self) -> Any:
+        from chromadb.errors import NotFoundError
+
+        for _ in range(10):
+            try:
+                return self._client.get_collection(self._name)
+            except NotFoundError:
+                time.sleep(0.1)
+        return self._client.get_collection(self._name)
 
 
 def drop_unused_collections(settings: Settings, client: Any, models_in_use: set[str]) -> list[str]:
