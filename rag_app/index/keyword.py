@@ -22,6 +22,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rag_app.index.user_cache import cache_dir
+
 if TYPE_CHECKING:  # imported where the index is used: a sync that finds nothing changed needs the tokenizer only
     import numpy as np
 
@@ -119,7 +121,8 @@ def _jieba_lazy() -> Any:
 @lru_cache(maxsize=1)
 def _jieba_full() -> Any:
     """jieba with its whole dictionary in memory, from a marshal file cached per user (jieba's own cache lives in the
-    shared temp dir and rebuilds slowly); the SQLite copy for lazy lookups is written beside it on first use."""
+    shared temp dir, where another user could plant it, and is never read); the SQLite copy for lazy lookups is
+    written beside it on first use."""
     import jieba
 
     with _dictionary_lock:
@@ -129,10 +132,9 @@ def _jieba_full() -> Any:
         if cache is not None and cache.is_file():
             with contextlib.suppress(Exception):  # a damaged cache is rebuilt below
                 loaded = marshal.loads(cache.read_bytes())
-        if loaded is None:
+        if loaded is None:  # from the dictionary itself: jieba's own cache is a file anyone may plant in the temp dir
             fresh = jieba.Tokenizer()
-            fresh.initialize()
-            loaded = (fresh.FREQ, fresh.total)
+            loaded = fresh.gen_pfdict(fresh.get_dict_file())
             if cache is not None:
                 _write_cache(cache, lambda path: path.write_bytes(marshal.dumps(loaded)))
         jieba.dt.FREQ, jieba.dt.total, jieba.dt.initialized = loaded[0], loaded[1], True
@@ -158,7 +160,6 @@ def _write_cache(path: Path, write: Any) -> None:
     hour old; a read-only cache only costs speed."""
     partial = path.with_suffix(f".{os.getpid()}.tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         partial.unlink(missing_ok=True)
         write(partial)
         os.replace(partial, path)
@@ -181,15 +182,16 @@ def _dictionary_key(dictionary: Path) -> str:
 
 
 def _cache_path(jieba: Any, suffix: str) -> Path | None:
-    """Per-user cache files (marshal and SQLite: data only, nothing in them can run), keyed on jieba's version and
-    dictionary so an upgrade never reuses a stale one. None when there is no usable cache directory."""
-    base = os.environ.get("XDG_CACHE_HOME", "")
-    try:
-        root = Path(base) if os.path.isabs(base) else Path.home() / ".cache"
-        key = _dictionary_key(Path(jieba.__file__).parent / jieba.DEFAULT_DICT_NAME)
-    except (OSError, RuntimeError, KeyError, AttributeError, TypeError):
+    """Per-user cache files (marshal and SQLite) in the private cache folder (user_cache.cache_dir), keyed on jieba's
+    version and dictionary so an upgrade never reuses a stale one. None when there is no private cache folder."""
+    folder = cache_dir()
+    if folder is None:
         return None
-    return root / "cflow-brain" / f"jieba-{jieba.__version__}-{key}{suffix}"
+    try:
+        key = _dictionary_key(Path(jieba.__file__).parent / jieba.DEFAULT_DICT_NAME)
+    except (OSError, KeyError, AttributeError, TypeError):
+        return None
+    return folder / f"jieba-{jieba.__version__}-{key}{suffix}"
 
 
 @lru_cache(maxsize=1)

@@ -1,0 +1,61 @@
+"""The per-user cache folder of derived data: USE-m3's tokenizer tables and arrays, jieba's dictionary (marshal, .npy,
+SQLite). Such files are loaded as they are, so a file another user could plant there must never be read: the folder
+is used only while nobody else can write to it or to any folder above it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from pathlib import Path
+
+log = logging.getLogger("cflow_brain.cache")
+FOLDER = "cflow-brain"
+_warned: set[str] = set()
+
+
+def cache_dir() -> Path | None:
+    """Our folder in XDG_CACHE_HOME (when absolute) or ~/.cache, created 0700, as a resolved path; None when it is not
+    private (someone else's, writable by group or others, or below a folder others may write to without the sticky
+    bit) or cannot be made: the derived data is then built in memory, and the log says why, once."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    try:
+        root = Path(base) if os.path.isabs(base) else Path.home() / ".cache"
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder = root / FOLDER
+        folder.mkdir(mode=0o700, exist_ok=True)
+        resolved = folder.resolve(strict=True)
+        reason = _not_private(resolved)
+    except (OSError, RuntimeError) as exc:  # RuntimeError: no home directory to expand
+        resolved, reason = None, str(exc)
+    if reason is None:
+        return resolved
+    if reason not in _warned:
+        _warned.add(reason)
+        log.warning("not using the cache folder: %s; tokenizer and model tables are built in memory", reason)
+    return None
+
+
+def _not_private(folder: Path) -> str | None:
+    """Why others could change what `folder` holds, or None: it must be a folder of this user's that group and others
+    cannot write to, and each folder above it this user's or root's, writable by others only with the sticky bit
+    (as /tmp: nobody else may then rename or remove what is ours in it)."""
+    uid = os.geteuid()
+    info = os.lstat(folder)
+    if not stat.S_ISDIR(info.st_mode):
+        return f"{folder} is not a folder"
+    if info.st_uid != uid:
+        return f"{folder} belongs to uid {info.st_uid}, not to this user (uid {uid})"
+    if info.st_mode & 0o022:
+        return f"{folder} is writable by {_who(info.st_mode)} (mode {stat.S_IMODE(info.st_mode):04o})"
+    for above in folder.parents:
+        info = os.lstat(above)
+        if info.st_uid not in (uid, 0):
+            return f"{above}, above it, belongs to uid {info.st_uid}"
+        if info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
+            return f"{above}, above it, is writable by {_who(info.st_mode)} (mode {stat.S_IMODE(info.st_mode):04o})"
+    return None
+
+
+def _who(mode: int) -> str:
+    return " and ".join(who for who, bit in (("its group", 0o020), ("others", 0o002)) if mode & bit)
