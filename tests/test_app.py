@@ -271,6 +271,10 @@ def test_clicking_a_citation_opens_the_note_with_the_cited_passage_lit(page: app
     assert "no note with id" in page.open_note(app.note_ref("vault:sample_vault/nope.md"), session)
     assert "a note id looks like" in page.open_note("#brain-note?id=..%2Fetc%2Fpasswd", session)
     assert page.open_note("", session) == app.NOTE_HINT
+    # the page's script numbers each request: the answer carries the number, so a note shown again is known to be in
+    again = page.open_note(app.note_ref(MOVIES) + "&ask=7", session)
+    assert again == f"<div class='brain-ask-7'>{plain}</div>"
+    assert page.open_note("#brain-note?id=..%2Fetc%2Fpasswd&ask=8", session).startswith("<div class='brain-ask-8'>")
 
 
 def test_note_refs_round_trip_and_refuse_junk() -> None:
@@ -278,6 +282,9 @@ def test_note_refs_round_trip_and_refuse_junk() -> None:
     assert app.parse_note_ref(app.note_ref(note_id, 3, 12)) == (note_id, 3, 12)
     assert app.parse_note_ref(app.note_ref(note_id)) == (note_id, None, None)
     assert app.parse_note_ref("#brain-note?id=x&turn=-1&n=99999999") == ("x", None, None)
+    assert app.parse_note_ref(app.note_ref(note_id, 3, 12) + "&ask=5") == (note_id, 3, 12)
+    assert [app.note_ask(f"#brain-note?id=x&ask={ask}") for ask in ("5", "-1", "5'><b", "1" * 10)] == [5, None, None,
+                                                                                                      None]
 
 
 HOSTILE_NOTE = """# Title <script>alert(1)</script>

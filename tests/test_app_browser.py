@@ -307,6 +307,26 @@ def test_at_phone_width_tables_scroll_in_their_box_the_cited_passage_shows_and_t
     patient(browser, 10).until(lambda d: "open" not in d.find_element(By.ID, "sidebar").get_attribute("class"))
 
 
+def test_a_citation_clicked_again_brings_its_passage_back_into_view_at_once(start_served: Callable[..., Served],
+                                                                           browser: webdriver.Chrome) -> None:
+    """The note on screen is the one asked for again: the page re-renders nothing, and the passage still comes back
+    into view at once (before: only after a 20 s fallback)."""
+    served = start_served()
+    as_phone(browser)  # the note panel sits below the chat: a passage out of view is out of the window
+    browser.get(served.url)
+    ask_in_page(browser, "电影清单 步履不停 导演 评分")
+    WebDriverWait(browser, 180).until(lambda d: answered(d, 1))
+    citation(browser, 0).click()
+    patient(browser, 10).until(lambda d: in_viewport(d, d.find_element(By.ID, "brain-hit")))
+    for _ in range(2):
+        browser.execute_script("window.scrollTo(0, 0)")
+        assert not in_viewport(browser, browser.find_element(By.ID, "brain-hit"))
+        clicked = time.monotonic()
+        citation(browser, 0).click()
+        patient(browser, 2).until(lambda d: in_viewport(d, d.find_element(By.ID, "brain-hit")))
+        print(f"the passage was back in view {time.monotonic() - clicked:.2f} s after the click")
+
+
 def table_widths(driver: webdriver.Chrome, table: Any) -> list[Any]:
     """[scrolls sideways in its box, the page does not, no cell is squeezed to a character or two a line, figures]:
     a cell is squeezed when it is taller than three lines of its text."""

@@ -70,6 +70,7 @@ SECURITY_HEADERS = [(b"content-security-policy", CONTENT_SECURITY_POLICY.encode(
 # script strings (the policy has no 'unsafe-eval'): no `js=` on events and no gr.HTML, whose templates are eval'd.
 PAGE_HEAD = """<script>
 const BRAIN_LINKS = {"#brain-note?": ["note-request", "note-open"], "#brain-conv?": ["conv-request", "conv-open"]};
+let brainNoteAsks = 0;
 document.addEventListener("click", (event) => {
   const link = event.target instanceof Element ? event.target.closest('a[href^="#brain-"]') : null;
   const href = link ? link.getAttribute("href") : "";
@@ -81,16 +82,17 @@ document.addEventListener("click", (event) => {
   const box = document.querySelector(`#${boxId} textarea, #${boxId} input`);
   const button = document.getElementById(buttonId);
   if (!box || !button) return;
-  const shownBody = document.querySelector("#note-view .brain-note-body");
-  if (shownBody) shownBody.dataset.brainShown = "1";  // the note on screen now; the one asked for lacks the mark
-  box.value = href.slice(1);
+  // A note request is numbered and its answer carries the number: the note asked for is the one whose answer is in
+  // (not Gradio's loading overlay, which a slow machine shows first, nor the note already on screen, which a
+  // second click on the same citation leaves as it is).
+  const asked = prefix === "#brain-note?" ? String(brainNoteAsks += 1) : "";
+  box.value = href.slice(1) + (asked && `&ask=${asked}`);
   box.dispatchEvent(new Event("input", {bubbles: true}));
   button.click();
-  if (prefix !== "#brain-note?") return;
+  if (!asked) return;
   let waited = 0;
-  const shown = setInterval(() => {  // once the note's body is in (not Gradio's loading overlay: a slow machine
-    const body = document.querySelector("#note-view .brain-note-body");  // shows it first), show its cited passage
-    if ((body && !body.dataset.brainShown) || (waited += 100) > 20000) {
+  const shown = setInterval(() => {  // once the note is in, show its cited passage
+    if (document.querySelector(`#note-view .brain-ask-${asked}`) || (waited += 100) > 20000) {
       clearInterval(shown);
       const target = document.getElementById("brain-hit") || document.getElementById("note-view");
       if (target) target.scrollIntoView({block: "center"});
@@ -259,6 +261,13 @@ def parse_note_ref(ref: str) -> tuple[str, int | None, int | None]:
         return int(value) if value.isdigit() and len(value) < 7 else None
 
     return (query.get("id") or [""])[0], number("turn"), number("n")
+
+
+def note_ask(ref: str) -> int | None:
+    """The number the page's script gave a note request (`&ask=N`); its answer carries it back, so the script knows
+    when the note asked for is in, even when it is the one already shown."""
+    value = (parse_qs(ref.strip().lstrip("#").removeprefix(NOTE_REF.lstrip("#"))).get("ask") or [""])[0]
+    return int(value) if value.isdigit() and len(value) < 10 else None
 
 
 def urls_in(text: str) -> set[str]:
@@ -914,9 +923,16 @@ class ChatPage:
     # Notes
 
     def open_note(self, ref: str, session: str | None, request: gr.Request | None = None) -> str:
-        """The note panel for an in-page link; a citation's link lights the passage it was cited for."""
+        """The note panel for an in-page link; a citation's link lights the passage it was cited for. The request's
+        number, if the page's script gave one, is on the panel's outer element as the class brain-ask-N (the page's
+        sanitiser drops data- attributes)."""
+        panel = self._note_panel(ref or "", session, request)
+        ask = note_ask(ref or "")
+        return panel if ask is None else f"<div class='brain-ask-{ask}'>{panel}</div>"
+
+    def _note_panel(self, ref: str, session: str | None, request: gr.Request | None) -> str:
         session = self._in_tab(request, session)
-        note_id, turn, n = parse_note_ref(ref or "")
+        note_id, turn, n = parse_note_ref(ref)
         if not note_id:
             return NOTE_HINT
         try:
