@@ -432,15 +432,24 @@ class Brain:
         on_token: Callable[[str], None] | None = None,
         budget: int | None = None,
         audience: str = "user",
+        turn_id: str | None = None,
     ) -> AnswerResponse:
         """Search, then answer only from the notes found, citing them as [n]. Without an LLM: extractive passages.
 
         With a `session`, the question continues that conversation: it is condensed with the earlier turns into the
         standalone query that is searched (`coverage["condensed_query"]`), the LLM sees the history within the budget,
-        and the turn is stored."""
+        and the turn is stored. A `turn_id` the session already holds (the same ask run again: `brain ask` after its
+        warm engine died having stored the turn) answers with that turn and stores nothing."""
         from rag_app.answers import answer as answers
         from rag_app.answers.llm import error_reason, llm_config, missing_message
 
+        if session is not None and turn_id is not None:
+            stored = self._sessions.stored_turn(session, turn_id)
+            if stored is not None:
+                if on_token is not None:
+                    on_token(stored["answer"])
+                return answers.AnswerResponse(stored["answer"], stored["citations"], stored["coverage"],
+                                              stored["mode"], cited=stored["coverage"].get("cited") or [])
         history = self._sessions.turns(session, last=HISTORY_TURNS) if session is not None else []
         config = llm_config(self.settings.llm)
         llm = self.llm()
@@ -479,7 +488,7 @@ class Brain:
             else:
                 cited = answers.cited_numbers(text, len(sent))
                 coverage.update(cited=cited, llm="used")
-                return self._remember(session, question, answers.AnswerResponse(
+                return self._remember(session, turn_id, question, answers.AnswerResponse(
                     text, sent, coverage, "llm", len(context), cited))
         if llm_error is not None:
             coverage.update(llm="unavailable", llm_error=llm_error)
@@ -494,7 +503,7 @@ class Brain:
             text = answers.extractive_answer(question, found.results, citations, notice, query)
         if on_token is not None:
             on_token(text)
-        return self._remember(session, question, answers.AnswerResponse(text, citations, coverage, mode))
+        return self._remember(session, turn_id, question, answers.AnswerResponse(text, citations, coverage, mode))
 
     def _condense(self, question: str, history: list[dict[str, Any]], llm: Any,
                   secret: str) -> tuple[str, str | None]:
@@ -524,11 +533,12 @@ class Brain:
 
         return history_messages(history, budget // 4) if history else []
 
-    def _remember(self, session: str | None, question: str, response: AnswerResponse) -> AnswerResponse:
+    def _remember(self, session: str | None, turn_id: str | None, question: str,
+                  response: AnswerResponse) -> AnswerResponse:
         if session is not None:
             self._sessions.append(session, {"question": question, "answer": response.answer,
                                             "citations": response.citations, "coverage": response.coverage,
-                                            "mode": response.mode})
+                                            "mode": response.mode}, turn_id)
         return response
 
     @property

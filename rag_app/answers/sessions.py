@@ -9,6 +9,7 @@ One short SQLite connection per call in WAL mode: safe from several threads and 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import re
@@ -35,9 +36,14 @@ CREATE TABLE IF NOT EXISTS sessions (
 CREATE TABLE IF NOT EXISTS turns (
     id INTEGER PRIMARY KEY, session_id INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
     question TEXT NOT NULL, answer TEXT NOT NULL, citations TEXT NOT NULL, coverage TEXT NOT NULL,
-    mode TEXT NOT NULL, asked REAL NOT NULL);
+    mode TEXT NOT NULL, asked REAL NOT NULL, turn_id TEXT);
 CREATE INDEX IF NOT EXISTS turns_by_session ON turns(session_id, id);
 """
+# A turn's id, given by whoever asks (the CLI gives each ask one): a turn is stored once per id, so an ask run again
+# after a warm engine died having stored it (shells/warm_engine.py) does not store it twice.
+_TURN_IDS = "CREATE UNIQUE INDEX IF NOT EXISTS turns_once ON turns(session_id, turn_id) WHERE turn_id IS NOT NULL"
+MAX_TURN_ID_CHARS = 64
+_TURN_ID = re.compile(r"[A-Za-z0-9._:-]+")
 
 
 class SessionError(SearchError):
@@ -58,6 +64,14 @@ def validate_name(name: object) -> str:
     return name
 
 
+def validate_turn_id(turn_id: object) -> str:
+    """1–64 letters, digits and . _ : - (a UUID, a random hex string, a caller's own key)."""
+    if not isinstance(turn_id, str) or len(turn_id) > MAX_TURN_ID_CHARS or not _TURN_ID.fullmatch(turn_id):
+        raise SessionError(f"a turn id has 1 to {MAX_TURN_ID_CHARS} letters, digits and . _ : -, "
+                           f"got {str(turn_id)[:90]!r}")
+    return turn_id
+
+
 def iso(timestamp: float) -> str:
     return dt.datetime.fromtimestamp(timestamp, tz=dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
@@ -74,6 +88,10 @@ class SessionStore:
         enable_wal(conn)
         conn.execute("PRAGMA foreign_keys=ON")
         conn.executescript(_SCHEMA)
+        if "turn_id" not in {row[1] for row in conn.execute("PRAGMA table_info(turns)")}:  # a file from before ids
+            with contextlib.suppress(sqlite3.OperationalError):  # another process added it a moment ago
+                conn.execute("ALTER TABLE turns ADD COLUMN turn_id TEXT")
+        conn.execute(_TURN_IDS)
         return conn
 
     def _id(self, conn: sqlite3.Connection, name: str) -> int | None:
@@ -101,9 +119,11 @@ class SessionStore:
         return conn.execute("SELECT COUNT(*) FROM turns t JOIN sessions s ON s.id = t.session_id WHERE s.name = ?",
                             (name,)).fetchone()[0]
 
-    def append(self, name: str, turn: dict[str, Any]) -> None:
-        """Store one turn, creating the session on its first."""
+    def append(self, name: str, turn: dict[str, Any], turn_id: str | None = None) -> bool:
+        """Store one turn, creating the session on its first; with a `turn_id` the session already holds, nothing
+        (False): the same ask stored once, however often it is run."""
         name = validate_name(name)
+        turn_id = validate_turn_id(turn_id) if turn_id is not None else None
         now = time.time()
         with closing(self._connect()) as conn:
             conn.execute("BEGIN IMMEDIATE")
@@ -112,16 +132,39 @@ class SessionStore:
                 if session_id is None:
                     session_id = conn.execute("INSERT INTO sessions (name, created, updated) VALUES (?, ?, ?)",
                                               (name, now, now)).lastrowid
+                elif turn_id is not None and self._turn_row(conn, session_id, turn_id) is not None:
+                    conn.execute("ROLLBACK")
+                    return False
                 conn.execute(
-                    "INSERT INTO turns (session_id, question, answer, citations, coverage, mode, asked) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO turns (session_id, question, answer, citations, coverage, mode, asked, turn_id) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     (session_id, turn["question"], turn["answer"], json.dumps(turn["citations"], ensure_ascii=False),
-                     json.dumps(turn["coverage"], ensure_ascii=False, default=str), turn["mode"], now))
+                     json.dumps(turn["coverage"], ensure_ascii=False, default=str), turn["mode"], now, turn_id))
                 conn.execute("UPDATE sessions SET updated = ? WHERE id = ?", (now, session_id))
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
+        return True
+
+    def stored_turn(self, name: str, turn_id: str) -> dict[str, Any] | None:
+        """The session's turn stored under `turn_id`, or None."""
+        name, turn_id = validate_name(name), validate_turn_id(turn_id)
+        if not self.path.exists():
+            return None
+        with closing(self._connect()) as conn:
+            session_id = self._id(conn, name)
+            row = self._turn_row(conn, session_id, turn_id) if session_id is not None else None
+        if row is None:
+            return None
+        q, a, c, cov, m, asked = row
+        return {"question": q, "answer": a, "citations": json.loads(c), "coverage": json.loads(cov), "mode": m,
+                "asked": iso(asked)}
+
+    @staticmethod
+    def _turn_row(conn: sqlite3.Connection, session_id: int, turn_id: str) -> tuple[Any, ...] | None:
+        return conn.execute("SELECT question, answer, citations, coverage, mode, asked FROM turns "
+                            "WHERE session_id = ? AND turn_id = ?", (session_id, turn_id)).fetchone()
 
     def list(self) -> list[dict[str, Any]]:
         """Every session, most recently used first."""

@@ -333,9 +333,12 @@ def _print_results(response: Any) -> None:
 @click.option("--tag", "tags", multiple=True, help="Only notes with this tag.")
 @click.option("--since", default=None, help="Only notes dated on or after YYYY-MM-DD.")
 @click.option("--until", default=None, help="Only notes dated on or before YYYY-MM-DD.")
+@click.option("--turn-id", default=None, help="With --session: store this ask once, however often it is run "
+              "(a retry answers with the stored turn). `brain` gives each ask one.")
 @click.pass_context
 def ask_command(ctx: click.Context, question: str, k: int, session: str | None, as_json: bool,
-                sources: tuple[str, ...], tags: tuple[str, ...], since: str | None, until: str | None) -> None:
+                sources: tuple[str, ...], tags: tuple[str, ...], since: str | None, until: str | None,
+                turn_id: str | None) -> None:
     """Answer from your notes only, citing them as [n] (an LLM if configured, else the best passages).
 
     With --session, a follow-up ("第二部是谁导演的？") is read in the light of the earlier turns."""
@@ -355,7 +358,7 @@ def ask_command(ctx: click.Context, question: str, k: int, session: str | None, 
 
     with _reported():
         response = brain.ask(question, k, session=session, sources=sources, tags=tags, since=since, until=until,
-                             on_token=on_token if stream else None)
+                             on_token=on_token if stream else None, turn_id=turn_id)
     if as_json:
         _print_json(response.to_dict())
         return

@@ -234,6 +234,13 @@ def request_message(request: WarmRequest, tty: list[bool]) -> dict[str, Any]:
             "tty": tty}
 
 
+def with_turn_id(request: WarmRequest) -> None:
+    """An ask gets an id of its own (unless it names one): a warm engine that stores the turn and dies before it
+    answers leaves it stored, and the same ask run in-process then answers with it instead of storing it again."""
+    if request.args[0] == "ask" and not any(a == "--turn-id" or a.startswith("--turn-id=") for a in request.args):
+        request.args = ["ask", "--turn-id", os.urandom(16).hex(), *request.args[1:]]
+
+
 def _refused_args(args: list[str]) -> bool:
     """Arguments that run the command in the caller's process: help and version (click's own output) and
     `search --queries` (it reads a file relative to the caller's folder, or the caller's stdin)."""
@@ -256,6 +263,9 @@ def main() -> None:
     runs here."""
     request = warm_request(sys.argv[1:], os.environ)
     if request is not None:
+        command_at = len(sys.argv) - len(request.args)
+        with_turn_id(request)
+        sys.argv[command_at:] = request.args  # the same ask, should it run here after all
         try:
             code = ask_warm(request, sys.stdout, sys.stderr)
         except WarmEngineLost as exc:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
+import sqlite3
 import subprocess
 import sys
 import threading
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -77,6 +79,45 @@ def test_a_session_round_trip(tmp_path: Path) -> None:
     assert [s["name"] for s in store.list()] == ["电影 🎬"]
     with pytest.raises(SessionNotFound):
         store.delete("cooking")
+
+
+def test_a_turn_with_an_id_is_stored_once_however_often_it_comes(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path / "sessions.sqlite")
+    assert store.stored_turn("films", "ask-1") is None
+    assert store.append("films", turn("q1", "a1"), "ask-1") is True
+    assert store.append("films", turn("q1", "another answer"), "ask-1") is False, "the same ask run again"
+    assert store.append("films", turn("q2"), "ask-2") and store.append("films", turn("q3"))
+    assert store.append("cooking", turn("q1"), "ask-1"), "an id is the session's own"
+    assert [t["question"] for t in store.turns("films")] == ["q1", "q2", "q3"]
+    assert store.stored_turn("films", "ask-1") | {"asked": None} == turn("q1", "a1") | {"asked": None}
+    threads = [threading.Thread(target=store.append, args=("race", turn("q"), "ask-3")) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(store.turns("race")) == 1
+
+
+def test_a_sessions_file_from_before_turn_ids_keeps_its_turns_and_gains_them(tmp_path: Path) -> None:
+    path = tmp_path / "sessions.sqlite"
+    with closing(sqlite3.connect(path)) as db, db:
+        db.executescript("""
+            CREATE TABLE sessions (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, created REAL NOT NULL,
+                                   updated REAL NOT NULL);
+            CREATE TABLE turns (id INTEGER PRIMARY KEY, session_id INTEGER NOT NULL REFERENCES sessions(id)
+                ON DELETE CASCADE, question TEXT NOT NULL, answer TEXT NOT NULL, citations TEXT NOT NULL,
+                coverage TEXT NOT NULL, mode TEXT NOT NULL, asked REAL NOT NULL);
+            INSERT INTO sessions VALUES (1, 'films', 1.0, 1.0);
+            INSERT INTO turns VALUES (1, 1, 'old question', 'old answer', '[]', '{}', 'extractive', 1.0);""")
+    store = SessionStore(path)
+    assert store.append("films", turn("new"), "ask-1") and not store.append("films", turn("new"), "ask-1")
+    assert [t["question"] for t in store.turns("films")] == ["old question", "new"]
+
+
+@pytest.mark.parametrize("turn_id", ["", "x" * 65, "a b", "a\nb", "../x", "é", 7])
+def test_a_turn_id_is_one_to_sixty_four_plain_characters(tmp_path: Path, turn_id: object) -> None:
+    with pytest.raises(SessionError, match="a turn id has"):
+        SessionStore(tmp_path / "s.sqlite").append("films", turn("q"), turn_id)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("name", ["", "   ", "x" * 81, "a\nb", "tab\there", "bell\x07", "\u202eevil", 7])

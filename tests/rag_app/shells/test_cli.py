@@ -211,6 +211,19 @@ def test_sessions_round_trip_without_an_llm(talk_home):
     assert bad.returncode == 2 and "printable characters" in bad.stderr
 
 
+def test_an_ask_run_again_with_its_turn_id_is_answered_alike_and_stored_once(talk_home):
+    from tests.rag_app.answers.test_sessions import FIRST
+
+    asks = [brain(talk_home, "ask", FIRST, "--session", "films", "-k", "3", "--turn-id", "ask-1", "--json")
+            for _ in range(2)]
+    assert [a.returncode for a in asks] == [0, 0], asks[0].stderr
+    assert json.loads(asks[0].stdout) == json.loads(asks[1].stdout)
+    listed = json.loads(brain(talk_home, "sessions", "--json").stdout)
+    assert [(s["name"], s["turns"]) for s in listed] == [("films", 1)]
+    bad = brain(talk_home, "ask", FIRST, "--session", "films", "--turn-id", "a b")
+    assert bad.returncode == 2 and "a turn id has 1 to 64 letters" in bad.stderr
+
+
 def test_sessions_round_trip_with_an_llm(talk_home, monkeypatch):
     from tests.rag_app.answers.test_sessions import FIRST, FOLLOW_UP, MOVIES
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from rag_app.answers.sessions import SessionStore
 from rag_app.config import CONFIG_FILE, load_settings
 from rag_app.engine import Brain
 from rag_app.shells import cli, warm_engine
@@ -215,6 +216,54 @@ def test_a_warm_engine_killed_mid_request_falls_back_and_says_so_once(tmp_path: 
         assert warm_engine.socket_path(home).is_socket()
         again = brain(home, "status", "--json", env=env)
         assert (again.returncode, again.stderr, json.loads(again.stdout)["engine"]) == (0, "", {"mode": "in-process"})
+
+
+def test_a_warm_engine_killed_after_storing_the_turn_leaves_it_stored_once(tmp_path: Path):
+    """The engine stores the session's turn, then dies before the client has its answer: the ask run again in the
+    client's process answers with that turn and does not store it twice."""
+    vault = tmp_path / "vault"
+    vault.mkdir()
+    (vault / "tea.md").write_text("# Tea\n\nGreen tea is brewed at 80 degrees for two minutes.\n", encoding="utf-8")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.toml").write_text('[embedding]\nmodel = "use-m3"\nsecond_model = ""\n'
+                                      '[llm]\nmax_retries = 0\n', encoding="utf-8")
+    asked, release = threading.Event(), threading.Event()
+    # far more than a socket buffer holds: the engine is still writing it when it is killed, its turn stored
+    answer = "Brew green tea at 80 degrees [1]. " * 20_000
+
+    def first_waits(body: dict) -> str:
+        if not asked.is_set():
+            asked.set()
+            release.wait(60)
+        return answer
+
+    with OpenAIDouble([first_waits]) as double:
+        env = clean_env(LLM_BASE_URL=double.url, LLM_MODEL="qwen2.5", LLM_API_KEY="sk-test-0123456789")
+        assert brain(home, "sync", "--vault", str(vault), env=env).returncode == 0
+        server = start_watch(home, env)
+        store = SessionStore(home / "sessions.sqlite")
+        try:
+            client = subprocess.Popen([BRAIN, "--home", str(home), "ask", "how hot should green tea be brewed",
+                                       "--session", "tea"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True)
+            assert asked.wait(120), "the warm engine never asked the LLM"
+            client.send_signal(signal.SIGSTOP)  # reads nothing more: the engine's answer fills the socket
+            release.set()
+            wait_for(lambda: len(store.turns("tea")) == 1, 60)
+            server.send_signal(signal.SIGKILL)
+            server.wait(30)
+            client.send_signal(signal.SIGCONT)
+            out, err = client.communicate(timeout=300)
+        finally:
+            release.set()
+            stop(server)
+        requests = len(double.requests)
+    assert client.returncode == 0, err
+    assert err.count(LOST) == 1
+    assert [turn["answer"].count("Brew green tea") for turn in store.turns("tea")] == [20_000], "stored once"
+    assert out.count("Brew green tea") == 20_000, "the answer printed once"
+    assert requests == 1, "the stored turn answered the ask run again"
 
 
 def test_a_socket_with_no_server_is_ignored_and_the_next_server_replaces_it(tmp_path: Path):
