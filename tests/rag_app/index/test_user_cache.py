@@ -13,10 +13,11 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from rag_app.index import keyword, user_cache
-from rag_app.index.embeddings import use_tokenizer
+from rag_app.index.embeddings import use_tokenizer, use_weights
 from tests.conftest import as_an_ordinary_user
 
 PLANTED_UNK_ID = 424242  # a tokenizer table no real cache holds
@@ -122,8 +123,10 @@ def test_a_cache_folder_others_can_write_to_is_never_read(loosen, tmp_path: Path
         tokenizer = use_tokenizer()
         assert tokenizer._unk_id != PLANTED_UNK_ID, "the planted table was loaded"
         assert tokenizer.encode(["观影 电影清单"])[0], "built from the model instead"
+        assert not isinstance(use_weights(tokenizer, 1).table, np.memmap), "the arrays too, in memory"
         assert user_cache.cache_dir() is None
-    assert planted.read_bytes() == PLANTED_TOKENIZER, "nothing is written there either"
+    assert planted.read_bytes() == PLANTED_TOKENIZER
+    assert [p.name for p in (cache / "cflow-brain").iterdir()] == [planted.name], "nothing is written there either"
     [said] = logged.messages  # once, however often the folder is asked for
     assert "not using the cache folder" in said and str(cache) in said
 
