@@ -285,6 +285,9 @@ def test_note_refs_round_trip_and_refuse_junk() -> None:
     assert app.parse_note_ref(app.note_ref(note_id, 3, 12) + "&ask=5") == (note_id, 3, 12)
     assert [app.note_ask(f"#brain-note?id=x&ask={ask}") for ask in ("5", "-1", "5'><b", "1" * 10)] == [5, None, None,
                                                                                                       None]
+    # digits only in ASCII ("²" passes str.isdigit and then fails int()), and the script's number is the last one
+    assert app.parse_note_ref("#brain-note?id=x&turn=²&n=٣") == ("x", None, None)
+    assert [app.note_ask(f"#brain-note?id=x&ask={ask}") for ask in ("²", "٣", "1&ask=2")] == [None, None, 2]
 
 
 HOSTILE_NOTE = """# Title <script>alert(1)</script>

@@ -255,19 +255,20 @@ def note_ref(note_id: str, turn: int | None = None, n: int | None = None) -> str
 def parse_note_ref(ref: str) -> tuple[str, int | None, int | None]:
     """The note id, turn and citation number of an in-page link (what the browser hands back; untrusted)."""
     query = parse_qs(ref.strip().lstrip("#").removeprefix(NOTE_REF.lstrip("#")), keep_blank_values=True)
-
-    def number(key: str) -> int | None:
-        value = (query.get(key) or [""])[0]
-        return int(value) if value.isdigit() and len(value) < 7 else None
-
-    return (query.get("id") or [""])[0], number("turn"), number("n")
+    turn, n = ((query.get(key) or [""])[0] for key in ("turn", "n"))
+    return (query.get("id") or [""])[0], _plain_number(turn, 6), _plain_number(n, 6)
 
 
 def note_ask(ref: str) -> int | None:
     """The number the page's script gave a note request (`&ask=N`); its answer carries it back, so the script knows
     when the note asked for is in, even when it is the one already shown."""
-    value = (parse_qs(ref.strip().lstrip("#").removeprefix(NOTE_REF.lstrip("#"))).get("ask") or [""])[0]
-    return int(value) if value.isdigit() and len(value) < 10 else None
+    asks = parse_qs(ref.strip().lstrip("#").removeprefix(NOTE_REF.lstrip("#"))).get("ask") or [""]
+    return _plain_number(asks[-1], 9)  # the script's own number comes last, after whatever the link held
+
+
+def _plain_number(value: str, digits: int) -> int | None:
+    """`value` as a number of at most `digits` ASCII digits, else None: str.isdigit also takes "²" and "٣"."""
+    return int(value) if re.fullmatch(rf"[0-9]{{1,{digits}}}", value) else None
 
 
 def urls_in(text: str) -> set[str]:
