@@ -444,7 +444,7 @@ class Brain:
         from rag_app.answers.llm import error_reason, llm_config, missing_message
 
         if session is not None and turn_id is not None:
-            stored = self._sessions.stored_turn(session, turn_id)
+            stored = self._sessions.stored_turn(session, turn_id, question)
             if stored is not None:
                 if on_token is not None:
                     on_token(stored["answer"])

@@ -121,7 +121,7 @@ class SessionStore:
 
     def append(self, name: str, turn: dict[str, Any], turn_id: str | None = None) -> bool:
         """Store one turn, creating the session on its first; with a `turn_id` the session already holds, nothing
-        (False): the same ask stored once, however often it is run."""
+        (False): the same ask stored once, however often it is run. SessionError if that id holds another question."""
         name = validate_name(name)
         turn_id = validate_turn_id(turn_id) if turn_id is not None else None
         now = time.time()
@@ -132,7 +132,7 @@ class SessionStore:
                 if session_id is None:
                     session_id = conn.execute("INSERT INTO sessions (name, created, updated) VALUES (?, ?, ?)",
                                               (name, now, now)).lastrowid
-                elif turn_id is not None and self._turn_row(conn, session_id, turn_id) is not None:
+                elif turn_id is not None and self._turn_row(conn, session_id, turn_id, turn["question"]) is not None:
                     conn.execute("ROLLBACK")
                     return False
                 conn.execute(
@@ -147,14 +147,15 @@ class SessionStore:
                 raise
         return True
 
-    def stored_turn(self, name: str, turn_id: str) -> dict[str, Any] | None:
-        """The session's turn stored under `turn_id`, or None."""
+    def stored_turn(self, name: str, turn_id: str, question: str) -> dict[str, Any] | None:
+        """The session's turn stored under `turn_id`, or None; SessionError if that turn asked another question (an id
+        reused: its old answer would be taken for the answer to this one)."""
         name, turn_id = validate_name(name), validate_turn_id(turn_id)
         if not self.path.exists():
             return None
         with closing(self._connect()) as conn:
             session_id = self._id(conn, name)
-            row = self._turn_row(conn, session_id, turn_id) if session_id is not None else None
+            row = self._turn_row(conn, session_id, turn_id, question) if session_id is not None else None
         if row is None:
             return None
         q, a, c, cov, m, asked = row
@@ -162,9 +163,13 @@ class SessionStore:
                 "asked": iso(asked)}
 
     @staticmethod
-    def _turn_row(conn: sqlite3.Connection, session_id: int, turn_id: str) -> tuple[Any, ...] | None:
-        return conn.execute("SELECT question, answer, citations, coverage, mode, asked FROM turns "
-                            "WHERE session_id = ? AND turn_id = ?", (session_id, turn_id)).fetchone()
+    def _turn_row(conn: sqlite3.Connection, session_id: int, turn_id: str, question: str) -> tuple[Any, ...] | None:
+        row = conn.execute("SELECT question, answer, citations, coverage, mode, asked FROM turns "
+                           "WHERE session_id = ? AND turn_id = ?", (session_id, turn_id)).fetchone()
+        if row is not None and row[0] != question:
+            raise SessionError(f"turn id {turn_id!r} is already the id of another question in this session "
+                               f"({row[0][:60]!r}): give each ask an id of its own")
+        return row
 
     def list(self) -> list[dict[str, Any]]:
         """Every session, most recently used first."""

@@ -83,13 +83,13 @@ def test_a_session_round_trip(tmp_path: Path) -> None:
 
 def test_a_turn_with_an_id_is_stored_once_however_often_it_comes(tmp_path: Path) -> None:
     store = SessionStore(tmp_path / "sessions.sqlite")
-    assert store.stored_turn("films", "ask-1") is None
+    assert store.stored_turn("films", "ask-1", "q1") is None
     assert store.append("films", turn("q1", "a1"), "ask-1") is True
     assert store.append("films", turn("q1", "another answer"), "ask-1") is False, "the same ask run again"
     assert store.append("films", turn("q2"), "ask-2") and store.append("films", turn("q3"))
     assert store.append("cooking", turn("q1"), "ask-1"), "an id is the session's own"
     assert [t["question"] for t in store.turns("films")] == ["q1", "q2", "q3"]
-    assert store.stored_turn("films", "ask-1") | {"asked": None} == turn("q1", "a1") | {"asked": None}
+    assert store.stored_turn("films", "ask-1", "q1") | {"asked": None} == turn("q1", "a1") | {"asked": None}
     threads = [threading.Thread(target=store.append, args=("race", turn("q"), "ask-3")) for _ in range(6)]
     for thread in threads:
         thread.start()
@@ -210,6 +210,17 @@ def test_a_new_subject_in_a_conversation_is_searched_as_asked(talk_home: Path) -
     recipe = brain.ask("番茄炒蛋怎么做", 3, session="films")
     assert recipe.coverage["condensed_query"] == "番茄炒蛋怎么做"
     assert recipe.citations[0]["title"] == "番茄炒蛋"
+
+
+def test_a_turn_id_given_again_with_another_question_is_refused_not_answered_with_the_old_turn(talk_home) -> None:
+    brain = Brain(talk_home)
+    first = brain.ask(FIRST, 3, session="films", turn_id="ask-1")
+    assert brain.ask(FIRST, 3, session="films", turn_id="ask-1").answer == first.answer, "the same ask, run again"
+    with pytest.raises(SessionError, match="turn id 'ask-1' .* another question"):
+        brain.ask("番茄炒蛋怎么做", 3, session="films", turn_id="ask-1")
+    with pytest.raises(SessionError, match="turn id 'ask-1' .* another question"):
+        brain._sessions.append("films", turn("番茄炒蛋怎么做"), "ask-1")
+    assert [t["question"] for t in brain.session("films")["turns"]] == [FIRST]
 
 
 def test_a_follow_up_finds_the_note_of_the_conversation_not_the_words_alone(talk_home: Path) -> None:
