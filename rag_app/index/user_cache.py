@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pwd
 import stat
 from pathlib import Path
 
@@ -15,25 +16,34 @@ _warned: set[str] = set()
 
 
 def cache_dir() -> Path | None:
-    """Our folder in XDG_CACHE_HOME (when absolute) or ~/.cache, created 0700, as a resolved path; None when it is not
-    private (someone else's, writable by group or others, or below a folder others may write to without the sticky
-    bit) or cannot be made: the derived data is then built in memory, and the log says why, once."""
+    """Our folder in XDG_CACHE_HOME (when absolute) or the home's .cache, created 0700, as a resolved path; None when
+    it is not private (someone else's, writable by group or others, or below a folder others may write to without the
+    sticky bit) or cannot be made: the derived data is then built in memory, and the log says why, once."""
     base = os.environ.get("XDG_CACHE_HOME", "")
     try:
-        root = Path(base) if os.path.isabs(base) else Path.home() / ".cache"
+        root = Path(base) if os.path.isabs(base) else _home() / ".cache"
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
         folder = root / FOLDER
         folder.mkdir(mode=0o700, exist_ok=True)
         resolved = folder.resolve(strict=True)
         reason = _not_private(resolved)
-    except (OSError, RuntimeError) as exc:  # RuntimeError: no home directory to expand
+    except OSError as exc:
         resolved, reason = None, str(exc)
+    except KeyError:
+        resolved, reason = None, f"no home folder: HOME is not an absolute path and uid {os.geteuid()} has no entry"
     if reason is None:
         return resolved
     if reason not in _warned:
         _warned.add(reason)
         log.warning("not using the cache folder: %s; tokenizer and model tables are built in memory", reason)
     return None
+
+
+def _home() -> Path:
+    """HOME when it is an absolute path, else the user database's home: Path.home() takes an empty HOME for "/" and a
+    relative one from the current folder. KeyError when this user has no entry."""
+    home = os.environ.get("HOME", "")
+    return Path(home) if os.path.isabs(home) else Path(pwd.getpwuid(os.geteuid()).pw_dir)
 
 
 def _not_private(folder: Path) -> str | None:

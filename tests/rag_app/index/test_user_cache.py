@@ -167,3 +167,18 @@ def test_jieba_never_loads_a_dictionary_others_could_have_planted(tmp_path: Path
         assert keyword.tokenize("我想看电影清单")[-2:] == ["电影", "清单"]
     assert sorted(p.name for p in ours.iterdir()) == sorted([jieba_cache_name(".marshal"), jieba_cache_name(".sqlite")])
     assert [p.name for p in shared_tmp.iterdir()] == ["jieba.cache"]
+
+
+@pytest.mark.parametrize("home", ["relative-home", ""])
+def test_an_empty_or_relative_home_puts_no_cache_in_the_current_folder_or_the_root(home: str, tmp_path: Path,
+                                                                                  monkeypatch) -> None:
+    """An empty HOME is "/" to Path.home() and a relative one is read from the current folder: neither is where
+    this user's cache belongs. The home in the user database is."""
+    import pwd
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", home)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    folder = user_cache.cache_dir()
+    assert list(tmp_path.iterdir()) == []
+    assert folder == (Path(pwd.getpwuid(os.geteuid()).pw_dir) / ".cache" / "cflow-brain").resolve()
