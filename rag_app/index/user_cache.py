@@ -7,12 +7,14 @@ from __future__ import annotations
 import logging
 import os
 import pwd
+import shutil
 import stat
 from pathlib import Path
 
 log = logging.getLogger("cflow_brain.cache")
 FOLDER = "cflow-brain"
 _warned: set[str] = set()
+_swept: set[Path] = set()  # private folders cleared of others' entries in this process: nobody else can add any
 
 
 def cache_dir() -> Path | None:
@@ -27,6 +29,10 @@ def cache_dir() -> Path | None:
         folder.mkdir(mode=0o700, exist_ok=True)
         resolved = folder.resolve(strict=True)
         reason = _not_private(resolved)
+        if reason is None and resolved not in _swept:
+            reason = _remove_others_entries(resolved)
+            if reason is None:
+                _swept.add(resolved)
     except OSError as exc:
         resolved, reason = None, str(exc)
     except KeyError:
@@ -64,6 +70,35 @@ def _not_private(folder: Path) -> str | None:
             return f"{above}, above it, belongs to uid {info.st_uid}"
         if info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
             return f"{above}, above it, is writable by {_who(info.st_mode)} (mode {stat.S_IMODE(info.st_mode):04o})"
+    return None
+
+
+def _remove_others_entries(folder: Path) -> str | None:
+    """Remove whatever in `folder`, at any depth, is not this user's or root's (by lstat: a symlink counts as its
+    own): only another user could have put it there, while the folder was open to others. Why the folder cannot be
+    used, or None."""
+    uid = os.geteuid()
+    removed: list[str] = []
+    for top, folders, files in os.walk(folder):
+        for name in [*folders, *files]:
+            path = os.path.join(top, name)
+            try:
+                owner = os.lstat(path).st_uid
+            except FileNotFoundError:  # ours, gone meanwhile: a partial file another process renamed into place
+                continue
+            if owner in (uid, 0):
+                continue
+            try:
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path)
+                    folders.remove(name)
+                else:
+                    os.unlink(path)
+            except OSError as exc:
+                return f"{path}, in it, belongs to uid {owner} and cannot be removed ({exc.strerror})"
+            removed.append(f"{os.path.relpath(path, folder)} (uid {owner})")
+    if removed:
+        log.warning("removed from the cache folder %s what another user had put there: %s", folder, ", ".join(removed))
     return None
 
 

@@ -182,3 +182,51 @@ def test_an_empty_or_relative_home_puts_no_cache_in_the_current_folder_or_the_ro
     folder = user_cache.cache_dir()
     assert list(tmp_path.iterdir()) == []
     assert folder == (Path(pwd.getpwuid(os.geteuid()).pw_dir) / ".cache" / "cflow-brain").resolve()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user takes root (CI runs as root)")
+def test_what_another_user_put_in_the_folder_while_it_was_open_is_removed_not_read(tmp_path: Path, monkeypatch, logged,
+                                                                                   fresh_tokenizers) -> None:
+    """A folder the log called open to others and its owner then closed (chmod 700) still holds what others put in
+    it meanwhile: their files, their symlinks, their folders. None of it is read; it is removed, once."""
+    cache = tmp_path / "cache"
+    ours = cache / "cflow-brain"
+    ours.mkdir(parents=True, mode=0o777)
+    planted = ours / tokenizer_cache_name()
+    planted.write_bytes(PLANTED_TOKENIZER)
+    elsewhere = tmp_path / "elsewhere.marshal"
+    elsewhere.write_bytes(planted_dictionary := marshal.dumps(({"毒": PLANTED_TOTAL}, PLANTED_TOTAL)))
+    (ours / jieba_cache_name(".marshal")).symlink_to(elsewhere)
+    (ours / "usem3-weights-planted").mkdir()
+    for path in (planted, elsewhere, ours / jieba_cache_name(".marshal"), ours / "usem3-weights-planted"):
+        os.chown(path, 65534, 65534, follow_symlinks=False)
+    ours.chmod(0o700)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    with as_an_ordinary_user():
+        assert user_cache.cache_dir() == ours.resolve()
+        assert use_tokenizer()._unk_id != PLANTED_UNK_ID, "the planted table was loaded"
+        assert keyword._jieba_full().dt.total > 1_000_000, "a planted dictionary was loaded"
+    assert {p.name for p in ours.iterdir()} == {tokenizer_cache_name(), jieba_cache_name(".marshal"),
+                                                jieba_cache_name(".sqlite")}
+    assert all(p.lstat().st_uid == os.geteuid() for p in ours.iterdir()), "built again, by us"
+    assert elsewhere.read_bytes() == planted_dictionary, "left where it was"
+    [said] = logged.messages
+    assert "removed" in said and "uid 65534" in said
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user takes root (CI runs as root)")
+def test_a_folder_of_another_users_with_files_in_it_closes_the_cache_as_it_cannot_be_removed(
+        tmp_path: Path, monkeypatch, logged) -> None:
+    cache = tmp_path / "cache"
+    planted = cache / "cflow-brain" / "usem3-weights-planted"
+    planted.mkdir(parents=True)
+    (planted / "layout.json").write_text("{}")
+    for path in (planted, planted / "layout.json"):
+        os.chown(path, 65534, 65534)
+    (cache / "cflow-brain").chmod(0o700)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    with as_an_ordinary_user():
+        assert user_cache.cache_dir() is None
+        assert user_cache.cache_dir() is None
+    [said] = logged.messages
+    assert f"{planted}, in it, belongs to uid 65534 and cannot be removed" in said
