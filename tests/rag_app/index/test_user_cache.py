@@ -198,7 +198,9 @@ def test_what_another_user_put_in_the_folder_while_it_was_open_is_removed_not_re
     elsewhere.write_bytes(planted_dictionary := marshal.dumps(({"毒": PLANTED_TOTAL}, PLANTED_TOTAL)))
     (ours / jieba_cache_name(".marshal")).symlink_to(elsewhere)
     (ours / "usem3-weights-planted").mkdir()
-    for path in (planted, elsewhere, ours / jieba_cache_name(".marshal"), ours / "usem3-weights-planted"):
+    (ours / "not-read.txt").write_text("never read: left alone")
+    for path in (planted, elsewhere, ours / jieba_cache_name(".marshal"), ours / "usem3-weights-planted",
+                 ours / "not-read.txt"):
         os.chown(path, 65534, 65534, follow_symlinks=False)
     ours.chmod(0o700)
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
@@ -207,8 +209,8 @@ def test_what_another_user_put_in_the_folder_while_it_was_open_is_removed_not_re
         assert use_tokenizer()._unk_id != PLANTED_UNK_ID, "the planted table was loaded"
         assert keyword._jieba_full().dt.total > 1_000_000, "a planted dictionary was loaded"
     assert {p.name for p in ours.iterdir()} == {tokenizer_cache_name(), jieba_cache_name(".marshal"),
-                                                jieba_cache_name(".sqlite")}
-    assert all(p.lstat().st_uid == os.geteuid() for p in ours.iterdir()), "built again, by us"
+                                                jieba_cache_name(".sqlite"), "not-read.txt"}
+    assert all(p.lstat().st_uid == os.geteuid() for p in ours.iterdir() if p.name != "not-read.txt"), "built again"
     assert elsewhere.read_bytes() == planted_dictionary, "left where it was"
     [said] = logged.messages
     assert "removed" in said and "uid 65534" in said
@@ -230,3 +232,25 @@ def test_a_folder_of_another_users_with_files_in_it_closes_the_cache_as_it_canno
         assert user_cache.cache_dir() is None
     [said] = logged.messages
     assert f"{planted}, in it, belongs to uid 65534 and cannot be removed" in said
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a symlink of another user's takes root to make (CI runs as root)")
+def test_a_symlink_another_user_planted_as_the_folder_in_a_sticky_cache_home_is_not_followed(
+        tmp_path: Path, monkeypatch, logged) -> None:
+    """HOME=/tmp or XDG_CACHE_HOME=/tmp: anyone may put /tmp/cflow-brain there first, as a symlink to a folder of
+    ours; its files would be removed as planted ones (and ours written among them)."""
+    cache, mine = tmp_path / "shared", tmp_path / "my-project"
+    cache.mkdir(mode=0o1777)
+    cache.chmod(0o1777)
+    mine.mkdir(mode=0o700)
+    theirs = mine / "jieba-shared-with-me.txt"
+    theirs.write_text("a colleague's file")
+    os.chown(theirs, 65534, 65534)
+    (cache / "cflow-brain").symlink_to(mine)
+    os.chown(cache / "cflow-brain", 65534, 65534, follow_symlinks=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    with as_an_ordinary_user():
+        assert user_cache.cache_dir() is None
+    assert [p.name for p in mine.iterdir()] == [theirs.name]
+    [said] = logged.messages
+    assert f"{cache / 'cflow-brain'} is a symlink of uid 65534's" in said
