@@ -327,6 +327,19 @@ def test_a_citation_clicked_again_brings_its_passage_back_into_view_at_once(star
         print(f"the passage was back in view {time.monotonic() - clicked:.2f} s after the click")
 
 
+def test_a_citation_double_clicked_has_both_requests_answered(start_served: Callable[..., Served],
+                                                              browser: webdriver.Chrome) -> None:
+    """Gradio takes no new request for an event while one is pending unless told to: the second of two quick clicks
+    was dropped, and the script waited 20 s for its note before scrolling to whatever was on screen."""
+    served = start_served()
+    browser.get(served.url)
+    ask_in_page(browser, "电影清单 步履不停 导演 评分")
+    WebDriverWait(browser, 180).until(lambda d: answered(d, 1))
+    browser.execute_script("const link = arguments[0]; link.click(); setTimeout(() => link.click(), 30);",
+                           citation(browser, 0))
+    patient(browser, 10).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#note-view .brain-ask-2"))
+
+
 def table_widths(driver: webdriver.Chrome, table: Any) -> list[Any]:
     """[scrolls sideways in its box, the page does not, no cell is squeezed to a character or two a line, figures]:
     a cell is squeezed when it is taller than three lines of its text."""

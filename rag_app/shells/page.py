@@ -70,7 +70,7 @@ SECURITY_HEADERS = [(b"content-security-policy", CONTENT_SECURITY_POLICY.encode(
 # script strings (the policy has no 'unsafe-eval'): no `js=` on events and no gr.HTML, whose templates are eval'd.
 PAGE_HEAD = """<script>
 const BRAIN_LINKS = {"#brain-note?": ["note-request", "note-open"], "#brain-conv?": ["conv-request", "conv-open"]};
-let brainNoteAsks = 0;
+let brainNoteAsks = 0, brainNoteWait = 0;
 document.addEventListener("click", (event) => {
   const link = event.target instanceof Element ? event.target.closest('a[href^="#brain-"]') : null;
   const href = link ? link.getAttribute("href") : "";
@@ -90,8 +90,9 @@ document.addEventListener("click", (event) => {
   box.dispatchEvent(new Event("input", {bubbles: true}));
   button.click();
   if (!asked) return;
+  clearInterval(brainNoteWait);  // only the note asked for last is brought into view (not one asked for before it)
   let waited = 0;
-  const shown = setInterval(() => {  // once the note is in, show its cited passage
+  const shown = brainNoteWait = setInterval(() => {  // once the note is in, show its cited passage
     if (document.querySelector(`#note-view .brain-ask-${asked}`) || (waited += 100) > 20000) {
       clearInterval(shown);
       const target = document.getElementById("brain-hit") || document.getElementById("note-view");
@@ -1072,7 +1073,8 @@ class ChatPage:
             cancel_button.click(lambda: (gr.update(visible=False), ""), outputs=[confirm_row, outcome])
             confirm_button.click(self.delete_session, inputs=session,
                                  outputs=[chatbot, session, listing, outcome, confirm_row, first, earlier])
-            note_button.click(self.open_note, inputs=[note_request, session], outputs=note, show_progress="hidden")
+            note_button.click(self.open_note, inputs=[note_request, session], outputs=note, show_progress="hidden",
+                              trigger_mode="always_last")  # a note asked for while one is coming is not dropped
             sync_button.click(self.sync, outputs=[sync_result, status, sources])
             gr.Timer(STATUS_SECONDS).tick(self.status, outputs=status, show_progress="hidden")
         return page
