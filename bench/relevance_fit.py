@@ -296,6 +296,17 @@ def sweep(runs: dict[tuple[str, str], list[dict]], rels: dict[tuple[str, str], d
           ", ".join(f"({s}, {r}): {m}" for m, _, s, r in sorted(rows)[:8]))
 
 
+def feasible(runs: dict[tuple[str, str], list[dict]], rels: dict[tuple[str, str], dict[str, list[float]]]) -> None:
+    """Per main row, the strong cut-points for which some related cut-point meets all four of its goals: rows whose
+    ranges do not overlap cannot all be met by one fixed pair, whatever the pair (the sweep's grid)."""
+    grid = [(round(float(s), 2), round(float(r), 2)) for s in np.arange(0.05, 0.91, 0.05)
+            for r in np.arange(0.02, s + 1e-9, 0.02)]
+    print("\nstrong cut-points meeting each row's four goals (with some related cut-point):")
+    for name, config in (key for key in runs if key[1] in MAIN_CONFIGS):
+        met = sorted({s for s, r in grid if not misses(name, shares(runs[(name, config)], rels[(name, config)], s, r))})
+        print(f"  {name} {config}: {f'{met[0]}-{met[-1]}' if met else 'none'}")
+
+
 def report(name: str, config: str, questions: list[dict], rel: dict[str, list[float]] | None) -> str:
     answerable = [q for q in questions if q["answerable"]]
     unanswerable = [q for q in questions if not q["answerable"]]
@@ -350,6 +361,7 @@ def main() -> None:
             print(report(name, config, questions, None))
         print(report(name, config, questions, rels[(name, config)]), flush=True)
     sweep(runs, rels)
+    feasible(runs, rels)
     if args.write:
         models = fit(runs)
         relevance.MODEL_FILE.write_text(json.dumps({
