@@ -175,7 +175,8 @@ def test_the_warm_engine_sees_what_the_watcher_synced(tmp_path: Path):
 # ------------------------------------------------------------------------------------------------ faults
 
 
-def test_a_warm_engine_killed_mid_request_falls_back_and_says_so_once(tmp_path: Path):
+def tea_home(tmp_path: Path) -> tuple[Path, Path]:
+    """A one-note vault and a fast-model home whose LLM is not retried: the faults below kill the engine mid-answer."""
     vault = tmp_path / "vault"
     vault.mkdir()
     (vault / "tea.md").write_text("# Tea\n\nGreen tea is brewed at 80 degrees for two minutes.\n", encoding="utf-8")
@@ -183,6 +184,11 @@ def test_a_warm_engine_killed_mid_request_falls_back_and_says_so_once(tmp_path: 
     home.mkdir()
     (home / "config.toml").write_text('[embedding]\nmodel = "use-m3"\nsecond_model = ""\n'
                                       '[llm]\nmax_retries = 0\n', encoding="utf-8")
+    return vault, home
+
+
+def test_a_warm_engine_killed_mid_request_falls_back_and_says_so_once(tmp_path: Path):
+    vault, home = tea_home(tmp_path)
     asked, release = threading.Event(), threading.Event()
 
     def first_waits(body: dict) -> str:
@@ -221,13 +227,7 @@ def test_a_warm_engine_killed_mid_request_falls_back_and_says_so_once(tmp_path: 
 def test_a_warm_engine_killed_after_storing_the_turn_leaves_it_stored_once(tmp_path: Path):
     """The engine stores the session's turn, then dies before the client has its answer: the ask run again in the
     client's process answers with that turn and does not store it twice."""
-    vault = tmp_path / "vault"
-    vault.mkdir()
-    (vault / "tea.md").write_text("# Tea\n\nGreen tea is brewed at 80 degrees for two minutes.\n", encoding="utf-8")
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "config.toml").write_text('[embedding]\nmodel = "use-m3"\nsecond_model = ""\n'
-                                      '[llm]\nmax_retries = 0\n', encoding="utf-8")
+    vault, home = tea_home(tmp_path)
     asked, release = threading.Event(), threading.Event()
     # far more than a socket's send buffer holds: the engine is still writing it when it is killed, its turn stored
     buffer = int(Path("/proc/sys/net/core/wmem_default").read_text())
