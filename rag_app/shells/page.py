@@ -92,11 +92,12 @@ document.addEventListener("click", (event) => {
   if (!asked) return;
   clearInterval(brainNoteWait);  // only the note asked for last is brought into view (not one asked for before it)
   let waited = 0;
-  const shown = brainNoteWait = setInterval(() => {  // once the note is in, show its cited passage
-    if (document.querySelector(`#note-view .brain-ask-${asked}`) || (waited += 100) > 20000) {
+  const shown = brainNoteWait = setInterval(() => {  // once the note is in, show its cited passage; a request never
+    const arrived = document.querySelector(`#note-view .brain-ask-${asked}`);  // answered (an error) scrolls nowhere
+    if (arrived || (waited += 100) > 20000) {
       clearInterval(shown);
       const target = document.getElementById("brain-hit") || document.getElementById("note-view");
-      if (target) target.scrollIntoView({block: "center"});
+      if (arrived && target) target.scrollIntoView({block: "center"});
     }
   }, 100);
 }, true);
