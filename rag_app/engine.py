@@ -461,6 +461,7 @@ class Brain:
         citations = answers.citations_from(found.results)
         coverage = dict(found.coverage)
         coverage["not_found"] = found.not_found
+        coverage["answer_state"] = found.answer_state
         if history:
             coverage["condensed_query"] = query
         if not found.results and self.status()["notes"] == 0:
@@ -472,7 +473,8 @@ class Brain:
             notice = f"{missing_message(config.missing)}; showing passages"
         elif llm is None:
             coverage["llm"] = "off"
-        usable = answers.answerable(found.results)
+        unsure = found.answer_state == "unsure"
+        usable = answers.possible_matches(found.results) if unsure else answers.answerable(found.results)
         if llm is not None and usable and llm_error is None:
             sent = answers.citations_from(usable)  # the LLM sees only passages that may answer: [n] are theirs
             with self._lock:
@@ -480,7 +482,7 @@ class Brain:
                 full = {r["note_id"]: (manifest.note_doc(r["note_id"]) or ("",))[0]
                         for r in usable[: answers.FULL_TEXT_NOTES]}
             past = self._history_messages(history, total)
-            context = answers.build_context(usable, full, total - sum(len(m.content or "") for m in past))
+            context = answers.build_context(usable, full, total - sum(len(m.content or "") for m in past), unsure)
             try:
                 text = answers.llm_answer(llm, question, context, on_token, past)
             except Exception as exc:  # the LLM is optional: fall back, say why, never fail the question
@@ -499,6 +501,8 @@ class Brain:
             text = answers.NO_NOTES
         elif found.not_found:
             text, mode = answers.not_found_answer(citations), "not_found"
+        elif unsure:
+            text, mode = answers.unsure_answer(citations), "unsure"
         else:
             text = answers.extractive_answer(question, found.results, citations, notice, query)
         if on_token is not None:

@@ -52,7 +52,8 @@ FIELD_CHARS = 2_000  # the longest string in a reply besides a note's text
 MAX_REPLY_BYTES = 256_000  # one reply, whatever the notes hold; beyond it `reply_capped` says what was cut
 MAX_CUT_PATHS = 20
 RELATED_K = 8
-COVERAGE_KEYS = ("queries", "filters", "time_phrase", "channels", "filling_vectors", "freshness", "not_found")
+COVERAGE_KEYS = ("queries", "filters", "time_phrase", "channels", "filling_vectors", "freshness", "not_found",
+                 "topics")
 NOTE_ID_HINT = "note ids come from search_notes or related_notes results (never a file path)"
 INTERNAL_HINT = "retry once; if it fails again, tell the user (details in brain.log; brain doctor checks the index)"
 
@@ -114,10 +115,13 @@ class BrainTools:
         Returns up to k notes, best first, each with note_id (for get_note and related_notes), title, path or url,
         `relevance` (0 to 1: how likely the note answers the query, the same scale in every call) and `strength`
         from it (strong: likely answers; related: may help; weak: a lead only), dates, tags and a `preview`: the
-        sentences that best match, at most 300 characters. `not_found` true means no note seems to hold the
-        answer: say so rather than answer from weak leads. Read a note with get_note; ask for detail="passages"
-        only to see the matched passages of many notes at once. The server does not rewrite the query: pass your
-        own variants in `queries`. A time phrase in the query (上个月, last week) filters by date unless
+        sentences that best match, at most 300 characters, and `topic` (the title, tag or heading closest to the
+        query). `answer_state`: "found" (a note is strong or related), "unsure" (none is, but the first notes are
+        close: say the notes may cover it and name them as possible matches) or "not_found" (nothing close: say the
+        notes do not hold it rather than answer from weak leads; `not_found` is true then only). Read a note with
+        get_note; ask for detail="passages" only to see the matched passages of many notes at once. The server does
+        not rewrite the query beyond matching its notes' titles, tags and headings: pass your own variants in
+        `queries`. A time phrase in the query (上个月, last week) filters by date unless
         since/until are given. `coverage` says which queries ran, which filters applied and which search channels
         were skipped or still being filled. Cite the notes you use by title and path or url.
         """
@@ -131,10 +135,11 @@ class BrainTools:
             variants=variants or None, expand=False, audience=AUDIENCE,
         )
         coverage = _brief_coverage(response.coverage)
-        room = REPLY_CHARS - len(_json({"query": main, "not_found": response.not_found, "results": [],
-                                        "coverage": coverage}))
+        room = REPLY_CHARS - len(_json({"query": main, "answer_state": response.answer_state,
+                                        "not_found": response.not_found, "results": [], "coverage": coverage}))
         return {
             "query": main,
+            "answer_state": response.answer_state,
             "not_found": response.not_found,
             "results": brief_results(response.results, coverage.get("queries") or texts, detail, room),
             "coverage": coverage,

@@ -35,8 +35,11 @@ from rag_app.answers.answer import (
     extractive_answer,
     fenced_source,
     not_found_answer,
+    possible_matches,
+    unsure_answer,
 )
 from rag_app.answers.sessions import HISTORY_TURNS, SessionStore, history_messages, without_citations
+from rag_app.search import relevance
 from rag_app.search.retrieve import NoteFusionRetriever
 
 QUESTION_WITH_SOURCES = "Sources:\n{context_str}\n\nQuestion: {query_str}"
@@ -45,8 +48,9 @@ CHAT_CONTEXT = ("Sources from the user's notes for this turn:\n\n{context_str}\n
 
 
 class NumberedSources(BaseNodePostprocessor):
-    """The notes that may answer (strong or related; weak ones are leads, never an answer), each rendered for the
-    LLM as `<source id="n" title=… where=…>` around its matched passages; the result's fields stay as metadata."""
+    """The notes that may answer (strong or related; weak ones are leads, never an answer; when the search is unsure,
+    the first leads, marked certainty="unsure"), each rendered for the LLM as `<source id="n" title=… where=…>` around
+    its matched passages; the result's fields stay as metadata."""
 
     @classmethod
     def class_name(cls) -> str:
@@ -54,12 +58,14 @@ class NumberedSources(BaseNodePostprocessor):
 
     def _postprocess_nodes(self, nodes: list[NodeWithScore],
                            query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:
-        usable = answerable([n.node.metadata for n in nodes])
+        results = [n.node.metadata for n in nodes]
+        unsure = relevance.answer_state(results) == "unsure"
+        usable = possible_matches(results) if unsure else answerable(results)
         by_id = {n.node.node_id: n for n in nodes}
         out = []
         for number, result in enumerate(usable, 1):
             note = by_id[result["note_id"]]
-            text = fenced_source(number, result, note.node.get_content())
+            text = fenced_source(number, result, note.node.get_content(), unsure=unsure)
             node = TextNode(id_=note.node.node_id, text=text, metadata={**result, "n": number},
                             excluded_llm_metadata_keys=[*result, "n"], excluded_embed_metadata_keys=[*result, "n"])
             out.append(NodeWithScore(node=node, score=note.score))
@@ -95,6 +101,8 @@ class ExtractiveSynthesizer(BaseSynthesizer):
         results = results or []
         citations = citations_from(results)
         if not answerable(results):
+            if relevance.answer_state(results) == "unsure":
+                return unsure_answer(citations)
             return not_found_answer(citations)
         return extractive_answer(query_str, results, citations)
 
@@ -181,14 +189,15 @@ class SessionMemory(BaseMemory):
         """A stored turn as `Brain.ask` writes it: the numbered sources the LLM saw are its citations."""
         found = self._retriever.last
         results = found.results if found is not None else []
-        citations = citations_from(answerable(results))
+        state = relevance.answer_state(results) if results else "not_found"
+        citations = citations_from(possible_matches(results) if state == "unsure" else answerable(results))
         coverage: dict[str, Any] = dict(found.coverage) if found is not None else {}
-        coverage.update(not_found=not citations, llm="used" if citations else "unused",
+        coverage.update(not_found=state == "not_found", answer_state=state, llm="used" if citations else "unused",
                         cited=cited_numbers(answer, len(citations)))
         if found is not None and found.query != question:
             coverage["condensed_query"] = found.query
         return {"question": question, "answer": answer, "citations": citations, "coverage": coverage,
-                "mode": "llm" if citations else "not_found"}
+                "mode": "llm" if citations else state}
 
     def set(self, messages: list[ChatMessage]) -> None:
         self.reset()

@@ -74,6 +74,8 @@ CREATE TABLE IF NOT EXISTS note_docs (
     metadata TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS topic_vectors (text TEXT PRIMARY KEY, vector BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS note_topics (note_id TEXT NOT NULL, text TEXT NOT NULL, PRIMARY KEY (note_id, text));
 """
 
 # Vault files as last parsed: a signature of the bytes (and parsing code) and the content hash the record had. Created
@@ -419,6 +421,46 @@ class Manifest:
         return self.db.execute(
             "SELECT n.chunk_ids, COALESCE(d.metadata, (SELECT c.metadata FROM chunks c WHERE c.note_id = n.note_id "
             "LIMIT 1), '{}') FROM notes n LEFT JOIN note_docs d ON d.note_id = n.note_id").fetchall()
+
+    def chunk_topic_rows(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """(note id, text, the metadata a topic is read from: title, aliases, tags, heading) of every chunk."""
+        rows = self.db.execute(
+            "SELECT note_id, text, json_extract(metadata, '$.title'), json_extract(metadata, '$.aliases'), "
+            "json_extract(metadata, '$.tags'), json_extract(metadata, '$.heading') FROM chunks ORDER BY note_id")
+        return [(n, x, {"title": t, "aliases": a, "tags": g, "heading": h}) for n, x, t, a, g, h in rows]
+
+    def stored_note_topics(self) -> list[tuple[str, str, bytes]]:
+        """(note id, topic, vector) as the last topic fill stored them (rag_app.index.topics)."""
+        return self.db.execute("SELECT n.note_id, n.text, v.vector FROM note_topics n JOIN topic_vectors v "
+                               "ON v.text = n.text ORDER BY n.rowid").fetchall()
+
+    def put_note_topics(self, pairs: list[tuple[str, str]]) -> None:
+        self.db.execute("DELETE FROM note_topics")
+        self.db.executemany("INSERT OR IGNORE INTO note_topics (note_id, text) VALUES (?, ?)", pairs)
+
+    def topic_vectors(self, texts: list[str]) -> dict[str, bytes]:
+        """The stored vectors of these topics (rag_app.index.topics)."""
+        out: dict[str, bytes] = {}
+        for batch, marks in _in_batches(texts):
+            out.update(self.db.execute(f"SELECT text, vector FROM topic_vectors WHERE text IN ({marks})", batch))
+        return out
+
+    def topics_without_vectors(self, texts: list[str]) -> list[str]:
+        stored = set()
+        for batch, marks in _in_batches(texts):
+            stored.update(r[0] for r in self.db.execute(f"SELECT text FROM topic_vectors WHERE text IN ({marks})",
+                                                        batch))
+        return [t for t in texts if t not in stored]
+
+    def put_topic_vectors(self, rows: list[tuple[str, bytes]]) -> None:
+        self.db.executemany("INSERT OR REPLACE INTO topic_vectors (text, vector) VALUES (?, ?)", rows)
+
+    def keep_topic_vectors(self, texts: list[str]) -> None:
+        """Drop the vectors of topics no note names any more."""
+        kept = set(texts)
+        gone = [r[0] for r in self.db.execute("SELECT text FROM topic_vectors") if r[0] not in kept]
+        for batch, marks in _in_batches(gone):
+            self.db.execute(f"DELETE FROM topic_vectors WHERE text IN ({marks})", batch)
 
     def stored_chunk_ids(self) -> set[str]:
         """Every chunk id the chunk table holds (doctor compares them with the notes' own lists)."""

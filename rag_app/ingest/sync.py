@@ -27,6 +27,7 @@ from rag_app.config import FAST_EMBEDDING, ConfigError, Settings, SourceSpec
 from rag_app.index.keyword import TOKENIZER_VERSION, chunk_index_text, tokenize
 from rag_app.index.keyword_store import keyword_progress, refresh_keyword_index
 from rag_app.index.manifest import Manifest, ManifestEntry, Plan, make_plan
+from rag_app.index.topics import TOPIC_MODEL, fill_topics
 from rag_app.ingest.chunking import chunker_id
 from readers.listing import MemosLister, SourceLister, VaultLister
 from readers.records import NoteRecord, SourceListing, decode_list, encode_list
@@ -398,27 +399,36 @@ class _Applier:
         self.report.deleted_chunks += sum(len(e.chunk_ids) for e in entries.values())
 
     def fill(self) -> None:
-        """Give every note the vectors of every configured model it lacks, the fastest model first."""
+        """Give every note the vectors of every configured model it lacks, the fastest model first; the notes' topics
+        (rag_app.index.topics) right after the fast model's chunks."""
         for model in fill_order(self.settings.models):
             if self.stop:
                 return
             self._fill(model)
+            if model == TOPIC_MODEL and not self.stop:
+                fill_topics(self.manifest, lambda texts: self._encoder(TOPIC_MODEL).get_text_embedding_batch(texts),
+                            stop=lambda: bool(self.stop))
+
+    def _encoder(self, model: str) -> Any:
+        """A model's embedding, loaded once per process: a watcher's next sync starts embedding at once."""
+        key = (model, repr(self.settings.remote_embedding))
+        if key not in _ENCODERS:
+            from rag_app.index.embeddings import load_embedding
+
+            _ENCODERS[key] = load_embedding(model, self.settings)
+        self.report.model_loaded = True
+        return _ENCODERS[key]
 
     def _fill(self, model: str) -> None:
         lacking = self.manifest.notes_lacking(model)
         if not lacking:
             return
-        from rag_app.index.embeddings import load_embedding
         from rag_app.ingest.pipeline import embedding_pipeline
 
         sizes = self.manifest.chunk_counts(lacking)
         total = sum(sizes.values())
         index = self._index(model)
-        key = (model, repr(self.settings.remote_embedding))
-        if key not in _ENCODERS:  # kept for the process: a watcher's next sync starts embedding at once
-            _ENCODERS[key] = load_embedding(model, self.settings)
-        embed = _ENCODERS[key]
-        self.report.model_loaded = True
+        embed = self._encoder(model)
         pipeline = embedding_pipeline(embed, index.vector_store())
         self.progress.start(total, model)
         queue = deque(lacking)

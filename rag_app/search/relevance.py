@@ -25,6 +25,13 @@ from rag_app.config import FAST_EMBEDDING
 MODEL_FILE = Path(__file__).with_name("relevance_model.json")
 STRONG = 0.3  # relevance cut-points, fixed for every home and shell (chosen on the dev sets: docs/retrieval.md)
 RELATED = 0.1
+# A topical match (rag_app.index.topics): the cosine of the question to a note's title, tag or heading. Chosen on the
+# sample vault's and the dev sets' topical questions (docs/retrieval.md, "Topical questions").
+TOPIC_RELATED = 0.45  # a note whose topic is this close (and stands out: retrieve._by_topic) is about the question
+TOPIC_FULL = 0.75  # ... and this close, the most a topic alone says: just under "strong"
+TOPIC_UNSURE = 0.35  # no result is related, but a lead's topic is this close: "not sure", not "not in your notes"
+LEAD = 0.02  # ... or a lead's own relevance reaches this
+STATES = ("found", "unsure", "not_found")
 AGREE = "agree"
 FEATURES = ("lexical", "lexical_margin", "title", "known", "bm25_gap", "number_missed", "rarest_missed", "e5", "e5_gap",
             "use", "use_gap", AGREE)  # what a model reads
@@ -78,6 +85,29 @@ def strength(relevance: float) -> str:
     return "strong" if relevance >= STRONG else "related" if relevance >= RELATED else "weak"
 
 
-def not_found(results: Iterable[Mapping[str, Any]]) -> bool:
-    """No result reaches "related": the notes do not seem to hold the answer (results stay, as leads)."""
-    return not any(r.get("relevance", 0.0) >= RELATED for r in results)
+def topical(similarity: float) -> float:
+    """The relevance a topical match alone gives (0 below TOPIC_RELATED): "related" (about what you asked), never
+    "strong" (that the note answers it takes the note's own words or meaning: the model above)."""
+    if similarity < TOPIC_RELATED:
+        return 0.0
+    share = min(1.0, (similarity - TOPIC_RELATED) / (TOPIC_FULL - TOPIC_RELATED))
+    return round(RELATED + share * (STRONG - 0.01 - RELATED), 4)
+
+
+def answer_state(results: list[Mapping[str, Any]]) -> str:
+    """found: a result is strong or related. unsure: none is, but one of the first three leads is close to the
+    question (its relevance reaches LEAD, or its topic stands out at TOPIC_UNSURE or closer): the notes may cover
+    it, said as uncertainty.
+    not_found: nothing in the notes is close (nonsense, another language's or domain's subject, an absent topic)."""
+    if any(r.get("relevance", 0.0) >= RELATED for r in results):
+        return "found"
+    for result in results[:3]:
+        topic = result.get("topic") or {}
+        if result.get("relevance", 0.0) >= LEAD or (topic.get("stands_out") and topic["similarity"] >= TOPIC_UNSURE):
+            return "unsure"
+    return "not_found"
+
+
+def not_found(results: list[Mapping[str, Any]]) -> bool:
+    """Nothing in the notes is close to the question ("not in your notes"; results stay, as leads)."""
+    return answer_state(results) == "not_found"

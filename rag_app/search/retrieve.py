@@ -31,6 +31,7 @@ from rag_app.config import Settings
 from rag_app.index.keyword import KeywordIndex, is_question_word, to_simplified, tokenize
 from rag_app.index.keyword_store import keyword_stamp, open_keyword_index
 from rag_app.index.manifest import Manifest
+from rag_app.index.topics import TOPIC_MODEL, TopicIndex
 from rag_app.search import relevance
 from rag_app.search.query import RetrievalConfig, SearchError, SearchFilters, clean_query, parse_variants
 from rag_app.search.time_phrases import extract_time_range
@@ -43,6 +44,13 @@ BACKGROUND_SLICES = 8  # read as this many evenly spaced runs of the collection
 _NUMBER = re.compile(r"\d")  # 2022, 3月; not 第二部 (in "第二部是谁导演的" a place in a list, not an event)
 MIN_POOL = 30  # chunks a search must be able to return before a hit's standing out means anything (note_evidence)
 GATED_SKIP = 0.01
+# The topic channel (NoteFusionRetriever._by_topic), chosen on the sample vault and semantic_dev (docs/retrieval.md)
+TOPIC_FLOOR = 0.3  # the best topic's cosine must reach this ...
+TOPIC_GAP = 0.15  # ... and stand this far above the TOPIC_SPREAD-th note's best
+TOPIC_SPREAD = 5
+TOPIC_CHANNEL = 3  # notes the channel ranks
+TOPIC_WEIGHT = 2.0
+TOPIC_RRF_K = 10
 CONFIDENCE_CAP = 2.0
 
 
@@ -75,6 +83,8 @@ class SearchIndex:
         self._facts_stamp = ""
         self._query_vectors: dict[tuple[str, str], list[float]] = {}
         self._backgrounds: dict[tuple[str, str], np.ndarray | None] = {}
+        self._topics: TopicIndex | None = None
+        self._topics_stamp = ""
         self.timing = _Timing()
 
     def close(self) -> None:
@@ -162,6 +172,28 @@ class SearchIndex:
         sims = (sample @ queries.T).max(axis=1)  # cosines, as the channel scores hits (a server's vectors may not be
         # unit length)
         return float(sims.mean()), float(sims.std()) or 1e-6
+
+    def topics(self) -> TopicIndex | None:
+        """The notes' topics (rag_app.index.topics), read once per index generation; None when the home has no
+        fast model (USE-m3) to embed a question with, or no note yet."""
+        if TOPIC_MODEL not in self.settings.models or self.collection(TOPIC_MODEL) is None:
+            return None
+        stamp = self.stamp
+        if self._topics is None or self._topics_stamp != stamp:
+            embed = self._embeds.get(TOPIC_MODEL)
+            self._topics = TopicIndex.load(self.manifest, embed.get_text_embedding_batch if embed else None)
+            self._topics_stamp = stamp
+        return self._topics if len(self._topics) else None
+
+    def topic_similarity(self, text: str, notes: set[str] | None = None) -> dict[str, tuple[float, str]]:
+        """Per note (those in `notes` when given), best first: its best topic's cosine to the query and that topic;
+        a Traditional query is compared as written and folded to Simplified, the better per topic."""
+        if TOPIC_MODEL not in self.settings.models:
+            return {}
+        texts = [text] + ([folded] if (folded := to_simplified(text)) != text else [])
+        vectors = [self.embed_query(t, TOPIC_MODEL) for t in texts]  # loads the model: an older home's topics need it
+        topics = self.topics()
+        return topics.best(vectors, notes) if topics is not None else {}
 
     def facts(self) -> list[NoteFacts]:
         """What filters look at, once per note (not per chunk: 100k chunks' metadata held 350 MB), reloaded when the
@@ -581,6 +613,13 @@ class NoteFusionRetriever(QueryFusionRetriever):
         for result in results:
             result["relevance"] = round(relevance.combined([relevance.probability(key, features)
                                                             for key, features in evidence[result["note_id"]]]), 4)
+        topics_used = False
+        if mode == "hybrid" and (not results or results[0]["relevance"] < relevance.STRONG):
+            # words did not settle it: what the notes are about may (a topical question); skipped otherwise, so a
+            # lookup the words answer never loads the fast model for it
+            notes = {c.rsplit(":", 1)[0] for c in allowed} if allowed is not None else None
+            topics_used = self._by_topic(index, text, results, notes, evidence, pool)
+        for result in results:
             result["strength"] = relevance.strength(result["relevance"])
         rate_ms = (time.perf_counter() - rated) * 1000
         total_ms = (time.perf_counter() - started) * 1000
@@ -594,11 +633,54 @@ class NoteFusionRetriever(QueryFusionRetriever):
             "time_phrase": time_range.to_dict() if time_range else None,
             "time_phrase_ignored": ignored_phrase,
             "notes_considered": len({n.node.metadata.get("note_id") for n in fused}),
+            "topics": topics_used,
         }
+        state = relevance.answer_state(results)
         return SearchResponse(query, results, coverage,
                               {"total_ms": total_ms, "embed_ms": index.timing.embed_ms,
                                "ours_ms": total_ms - index.timing.embed_ms, "relevance_ms": rate_ms},
-                              relevance.not_found(results), evidence)
+                              state == "not_found", evidence, state)
+
+    def _by_topic(self, index: SearchIndex, text: str, results: list[dict[str, Any]], notes: set[str] | None,
+                  evidence: dict[str, list[tuple[str, dict[str, float]]]], pool: int) -> bool:
+        """What each result is about, from its title, tags and headings (rag_app.index.topics): each result gets its
+        closest `topic`. When one note's topic stands clearly above the rest (at least TOPIC_FLOOR, and TOPIC_GAP
+        above the TOPIC_SPREAD-th note's best: a gibberish string is close to many short titles at once, a topical
+        question to one), the three closest notes join the ranking as a channel of their own (reciprocal rank,
+        weight TOPIC_WEIGHT), and that note's topic makes it "related" when close enough (relevance.topical).
+        False when the home has no topics (no fast model)."""
+        best = index.topic_similarity(text, notes)
+        if not best:
+            return False
+        ranked = list(best.items())
+        fifth = ranked[min(TOPIC_SPREAD, len(ranked)) - 1][1][0]
+        standout = ranked[0][0] if ranked[0][1][0] >= TOPIC_FLOOR and ranked[0][1][0] - fifth >= TOPIC_GAP else None
+        if standout is not None:
+            k = self.similarity_top_k
+            score = {r["note_id"]: 1.0 / (TOPIC_RRF_K + n) for n, r in enumerate(results, 1)}
+            for n, (note, _) in enumerate(ranked[:TOPIC_CHANNEL], 1):
+                score[note] = score.get(note, 0.0) + TOPIC_WEIGHT / (TOPIC_RRF_K + n)
+            known = {r["note_id"] for r in results}
+            joining = [note for note, _ in ranked[:TOPIC_CHANNEL] if note not in known]
+            if joining:
+                results.extend(_topic_results(index, joining, best, text))
+                added = note_evidence(index, self, joining, pool)
+                evidence.update(added)
+                for result in results[-len(joining):]:
+                    result["relevance"] = round(relevance.combined(
+                        [relevance.probability(key, features) for key, features in added[result["note_id"]]]), 4)
+            results.sort(key=lambda r: score[r["note_id"]], reverse=True)
+            del results[k:]
+            for result in results:
+                result["score"] = round(score[result["note_id"]], 6)
+        for result in results:
+            similarity, topic = best.get(result["note_id"], (0.0, ""))
+            if topic:
+                result["topic"] = {"text": topic, "similarity": round(similarity, 3),
+                                   "stands_out": result["note_id"] == standout}
+            if result["note_id"] == standout:
+                result["relevance"] = max(result["relevance"], relevance.topical(similarity))
+        return True
 
     def fuse(self, text: str, channels: list[tuple[str, BaseRetriever]],
              config: RetrievalConfig) -> list[NodeWithScore]:
@@ -685,6 +767,24 @@ QUERY_GEN_PROMPT = (
 LLM_METADATA = ("title", "path", "url", "tags", "created", "updated")  # what an LLM sees of a note besides its text
 
 
+def _topic_results(index: SearchIndex, note_ids: list[str], best: dict[str, tuple[float, str]],
+                   query: str) -> list[dict[str, Any]]:
+    """Results for notes found by their topics alone: the passage under the matched heading, else the first one."""
+    rows: dict[str, list[tuple[int, str, str]]] = {}
+    for chunk_id, note_id, _, meta in index.manifest.chunks_for_notes(note_ids):
+        heading = str(meta.get("heading") or "").rsplit(" › ", 1)[-1]
+        rows.setdefault(note_id, []).append((int(meta.get("chunk", 0)), heading, chunk_id))
+    out = []
+    terms = _highlight_terms(query)
+    for note_id in note_ids:
+        chunks = sorted(rows.get(note_id, []))
+        if not chunks:
+            continue
+        chunk_id = next((c for _, h, c in chunks if h and h == best[note_id][1]), chunks[0][2])
+        out.append(_result(note_id, index.nodes([(chunk_id, 0.0)]), terms))
+    return out
+
+
 def note_node(result: dict[str, Any]) -> NodeWithScore:
     """A search result as a LlamaIndex node: the note id, its matched passages as text, the result as metadata."""
     text = "\n…\n".join(chunk["text"] for chunk in result["chunks"])
@@ -696,7 +796,8 @@ def note_node(result: dict[str, Any]) -> NodeWithScore:
 
 @dataclass
 class SearchResponse:
-    """`not_found`: no result reaches "related" (the notes do not seem to hold the answer; results stay as leads).
+    """`answer_state`: found (a result is strong or related), unsure (none is, but a lead is close: the notes may cover
+    it) or not_found (nothing is close: "not in your notes"; results stay as leads); `not_found` is the last.
     `evidence`: per result note, the relevance model's key and features for each query run (for the fitting bench)."""
 
     query: str
@@ -705,9 +806,11 @@ class SearchResponse:
     timing: dict[str, float] = field(default_factory=dict)
     not_found: bool = False
     evidence: dict[str, list[tuple[str, dict[str, float]]]] = field(default_factory=dict)
+    answer_state: str = "found"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"query": self.query, "not_found": self.not_found, "results": self.results, "coverage": self.coverage}
+        return {"query": self.query, "answer_state": self.answer_state, "not_found": self.not_found,
+                "results": self.results, "coverage": self.coverage}
 
 
 def search(

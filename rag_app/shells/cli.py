@@ -268,7 +268,8 @@ def search_command(ctx: click.Context, query: str | None, k: int, as_json: bool,
     empty = _no_notes(brain)
     if empty is not None:
         if as_json:
-            _print_json({"query": query, "not_found": True, "results": [], "coverage": {"empty_index": True}})
+            _print_json({"query": query, "answer_state": "not_found", "not_found": True, "results": [],
+                         "coverage": {"empty_index": True}})
         else:
             click.echo(empty)
         return
@@ -296,7 +297,8 @@ def _batch(brain: Brain, lines: Any, k: int, options: dict[str, Any]) -> None:
         except SearchError as exc:
             click.echo(json.dumps({"id": query_id, "error": str(exc)}, ensure_ascii=False))
             continue
-        click.echo(json.dumps({"id": query_id, "not_found": response.not_found, "results": response.results,
+        click.echo(json.dumps({"id": query_id, "answer_state": response.answer_state, "not_found": response.not_found,
+                               "results": response.results,
                                "ms": round(response.timing["total_ms"], 2)}, ensure_ascii=False))
 
 
@@ -317,6 +319,9 @@ def _print_results(response: Any) -> None:
         return
     if response.not_found:
         click.echo("not in your notes: nothing here seems to answer it; the nearest notes, as leads:")
+    elif response.answer_state == "unsure":
+        closest = ", ".join(_plain(r["title"]) for r in response.results[:3])
+        click.echo(f"not sure your notes cover this — closest: {closest}")
     for n, result in enumerate(response.results, 1):
         where = result.get("path") or result.get("url") or ""
         click.echo(f"{n:>2}. {_plain(result['title'])}  [{_plain(result['source'])}] {_plain(where)}  "
@@ -346,7 +351,8 @@ def ask_command(ctx: click.Context, question: str, k: int, session: str | None, 
     empty = _no_notes(brain)
     if empty is not None:
         if as_json:
-            _print_json(AnswerResponse(empty, [], {"empty_index": True, "not_found": True}, "extractive").to_dict())
+            _print_json(AnswerResponse(empty, [], {"empty_index": True, "not_found": True, "answer_state": "not_found"},
+                                       "extractive").to_dict())
         else:
             click.echo(empty)
         return
@@ -377,7 +383,8 @@ def ask_command(ctx: click.Context, question: str, k: int, session: str | None, 
         click.echo(time_filter)
     if response.citations:
         click.echo("")
-        click.echo("Leads (not an answer):" if coverage.get("not_found") else "Sources:")
+        click.echo("Leads (not an answer):" if coverage.get("not_found") else
+                   "Possible matches (not sure):" if coverage.get("answer_state") == "unsure" else "Sources:")
     for citation in response.citations:
         click.echo(f"  [{citation['n']}] {_plain(citation['title'])} — "
                    f"{_plain(citation.get('url') or citation.get('path'))} ({citation['strength']})")

@@ -182,7 +182,7 @@ PAGE_CSS = """
 /* How well the notes answer: strong, related, or not in them at all. */
 .brain-strength { display: inline-block; padding: 0 .5em; border-radius: .6em; font-size: .85em; font-weight: 600; }
 .brain-strong { background: rgba(34, 160, 90, .18); color: rgb(20, 120, 60); }
-.brain-related { background: rgba(230, 160, 0, .2); color: rgb(150, 95, 0); }
+.brain-related, .brain-unsure { background: rgba(230, 160, 0, .2); color: rgb(150, 95, 0); }
 .brain-weak, .brain-not-found { background: rgba(120, 120, 120, .18); color: rgb(85, 85, 85); }
 /* One way to start fresh: "New conversation". The chat's own trash button would only hide the turns. */
 #chat button[aria-label="Clear"], #chat button[title="Clear"] { display: none; }
@@ -345,10 +345,11 @@ def shown_citations(citations: list[dict[str, Any]], cited: Iterable[int]) -> se
 
 
 def sources_markdown(citations: list[dict[str, Any]], shown: set[int], obsidian: bool, excerpts: bool,
-                     turn: int, leads: bool = False) -> str:
+                     turn: int, leads: bool = False, unsure: bool = False) -> str:
     """The numbered sources under an answer: each title opens the note in the page, the memo or Obsidian link opens
     it where it lives; `excerpts` off when the answer already quotes them (extractive). `leads`: nothing answered
-    (not in your notes), so they are the nearest notes, shown as leads with their excerpts."""
+    (not in your notes), so they are the nearest notes, shown as leads with their excerpts; `unsure`: they may be
+    about the question, shown as possible matches."""
 
     def lines(citation: dict[str, Any]) -> list[str]:
         title = escape_markdown(str(citation.get("title") or citation["note_id"]))
@@ -369,28 +370,35 @@ def sources_markdown(citations: list[dict[str, Any]], shown: set[int], obsidian:
         excerpts, shown = True, {c["n"] for c in citations[:3]}
     first = [line for c in citations if c["n"] in shown for line in lines(c)]
     rest = [line for c in citations if c["n"] not in shown for line in lines(c)]
-    out = ["**Nearest leads** (not an answer)" if leads else "**Sources**", "", *first]
+    heading = "**Possible matches** (not sure)" if unsure else "**Nearest leads** (not an answer)" if leads else (
+        "**Sources**")
+    out = [heading, "", *first]
     if rest:
         count = sum(1 for c in citations if c["n"] not in shown)
         out += ["", f"<details><summary>{count} more</summary>", "", *rest, "", "</details>"]
     return "\n".join(out)
 
 
-STRENGTH_LABELS = {"strong": "strong", "related": "related", "weak": "weak", "not-found": "not in your notes"}
+STRENGTH_LABELS = {"strong": "strong", "related": "related", "weak": "weak", "unsure": "not sure",
+                   "not-found": "not in your notes"}
 
 
 def strength_badge(strength: str) -> str:
-    """How well a note (or an answer) matches, as the engine judged it: strong, related, weak, not in your notes."""
+    """How well a note (or an answer) matches, as the engine judged it: strong, related, weak, not sure, not in your
+    notes."""
     key = strength if strength in STRENGTH_LABELS else "weak"
     return f"<span class='brain-strength brain-{key}'>{STRENGTH_LABELS[key]}</span>"
 
 
 def answer_strength(turn: dict[str, Any]) -> str | None:
-    """An answer's relevance state: "not-found" when the engine found nothing that answers, else the best strength
-    among its sources; None when there was nothing to search (an empty index)."""
+    """An answer's relevance state: "not-found" when the engine found nothing close, "unsure" when only leads it is
+    not sure about, else the best strength among its sources; None when there was nothing to search (an empty
+    index)."""
     coverage = turn.get("coverage") or {}
     if coverage.get("empty_index"):
         return None
+    if coverage.get("answer_state") == "unsure" or turn.get("mode") == "unsure":
+        return "unsure"
     strengths = {c.get("strength") for c in turn.get("citations") or []}
     if coverage.get("not_found") or turn.get("mode") == "not_found" or not strengths & {"strong", "related"}:
         return "not-found"
@@ -415,7 +423,8 @@ def turn_markdown(turn: dict[str, Any], index: int, allowed: Iterable[str], obsi
             cited = cited_numbers(str(turn.get("answer") or ""), max(c["n"] for c in citations))
         shown = shown_citations(citations, cited)
         parts.append(sources_markdown(citations, shown, obsidian, turn.get("mode") == "llm", index,
-                                      leads=bool(coverage.get("not_found"))))
+                                      leads=bool(coverage.get("not_found")) or state == "unsure",
+                                      unsure=state == "unsure"))
     return "\n\n".join(parts)
 
 

@@ -9,7 +9,21 @@ import numpy as np
 import pytest
 
 from rag_app.search import relevance
-from rag_app.search.relevance import RELATED, STRONG, channel_key, combined, not_found, probability, strength
+from rag_app.search.relevance import (
+    LEAD,
+    RELATED,
+    STRONG,
+    TOPIC_FULL,
+    TOPIC_RELATED,
+    TOPIC_UNSURE,
+    answer_state,
+    channel_key,
+    combined,
+    not_found,
+    probability,
+    strength,
+    topical,
+)
 from rag_app.search.retrieve import specifics
 
 NOT_IN_THE_SAMPLE_VAULT = ["潜水艇驾驶执照", "xylophonegiraffe", "量子色动力学格点规范",
@@ -23,10 +37,26 @@ def test_strength_comes_from_fixed_cut_points_not_from_the_best_hit() -> None:
     assert strength(RELATED - 1e-6) == "weak" and strength(0.0) == "weak"
 
 
-def test_not_found_when_no_result_reaches_related() -> None:
-    assert not_found([])
-    assert not_found([{"relevance": RELATED - 0.01}, {"relevance": 0.01}])
-    assert not not_found([{"relevance": 0.01}, {"relevance": RELATED}])
+def test_not_found_when_nothing_is_close_unsure_when_only_leads_are() -> None:
+    assert not_found([]) and answer_state([]) == "not_found"
+    assert answer_state([{"relevance": 0.01}, {"relevance": 0.005}]) == "not_found"
+    assert answer_state([{"relevance": 0.01}, {"relevance": RELATED}]) == "found"
+    assert answer_state([{"relevance": 0.01}, {"relevance": LEAD}]) == "unsure"  # a lead of the first three
+    assert answer_state([{"relevance": 0.0}] * 3 + [{"relevance": LEAD}]) == "not_found"  # the fourth does not count
+    assert not not_found([{"relevance": LEAD}])
+
+
+def test_a_topic_makes_a_lead_unsure_only_when_it_stands_out() -> None:
+    close = {"text": "电影清单", "similarity": TOPIC_UNSURE}
+    assert answer_state([{"relevance": 0.0, "topic": {**close, "stands_out": True}}]) == "unsure"
+    assert answer_state([{"relevance": 0.0, "topic": {**close, "stands_out": False}}]) == "not_found"
+    assert answer_state([{"relevance": 0.0, "topic": {**close, "similarity": TOPIC_UNSURE - 0.01,
+                                                      "stands_out": True}}]) == "not_found"
+
+
+def test_a_topical_match_alone_is_related_never_strong() -> None:
+    assert topical(TOPIC_RELATED - 0.01) == 0.0
+    assert RELATED <= topical(TOPIC_RELATED) < topical(0.6) < topical(TOPIC_FULL) == topical(0.99) < STRONG
 
 
 def test_a_passage_about_another_year_misses_the_querys_number() -> None:
@@ -97,8 +127,9 @@ def test_a_question_the_notes_answer_is_labelled_by_its_relevance(sample_brain, 
 
 
 def test_a_match_by_meaning_alone_comes_first_and_the_notes_own_words_make_it_an_answer(sample_brain) -> None:
-    bare = sample_brain.search("观影", k=5, expand=False)  # no note says 观影: only the dense channels see the match
-    assert bare.results[0]["title"] == "电影清单"
+    bare = sample_brain.search("观影", k=5, expand=False)  # no note says 观影: its tag 电影 is the closest topic
+    assert bare.results[0]["title"] == "电影清单" and bare.answer_state == "found"
+    assert bare.results[0]["strength"] == "related" and bare.results[0]["topic"]["text"] == "电影"
     helped = sample_brain.search("观影", k=5, variants=["电影清单", "想看的电影"], expand=False)
     assert helped.results[0]["title"] == "电影清单" and not helped.not_found
     assert helped.results[0]["strength"] == "strong" and helped.results[0]["relevance"] >= bare.results[0]["relevance"]

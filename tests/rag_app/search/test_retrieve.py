@@ -154,7 +154,8 @@ def test_identical_text_in_two_notes_returns_both(sample_brain):
 def test_result_shape_and_citation_fields(sample_brain):
     response = sample_brain.search("电影清单", 3)
     data = response.to_dict()
-    assert set(data) == {"query", "not_found", "results", "coverage"} and data["not_found"] is False
+    assert set(data) == {"query", "answer_state", "not_found", "results", "coverage"}
+    assert data["answer_state"] == "found" and data["not_found"] is False
     first = data["results"][0]
     assert first["strength"] == "strong" and 0.3 <= first["relevance"] <= 1
     assert first["note_id"] == "vault:sample_vault/生活/电影清单.md"
