@@ -14,6 +14,7 @@ usage: python bench/answer_states.py [--shared ../shared] [--configs default,fas
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -111,6 +112,7 @@ def main() -> None:
     parser.add_argument("--configs", default="default,fast")
     parser.add_argument("--limit", type=int, default=300)
     parser.add_argument("--no-topics", action="store_true", help="measure without the topic step (the baseline)")
+    parser.add_argument("--dump", help="also write every question's results to this JSON file (for cut-point work)")
     args = parser.parse_args()
     shared = Path(args.shared)
     if args.no_topics:
@@ -120,6 +122,7 @@ def main() -> None:
           "found / not_found / unsure | ms p50 |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     sweeps: list[str] = []
+    dumped: dict[str, list[dict]] = {}
     for spec in args.specs:
         if "=" in spec:  # a vault's home and its topical file
             home, _, file = spec.partition("=")
@@ -129,6 +132,7 @@ def main() -> None:
                 config_settings, mode = configuration(settings, config)
                 index = SearchIndex(config_settings)
                 rows = run(index, questions, lambda r: r.get("path") or r["note_id"], mode)
+                dumped[f"{Path(file).stem} / {config}"] = rows
                 print(table_row(f"{Path(file).stem} / {config}", rows), flush=True)
                 sweeps.append(lead_sweep(f"{Path(file).stem} / {config}", rows))
                 index.close()
@@ -145,10 +149,13 @@ def main() -> None:
             index = SearchIndex(config_settings)
             docs = eval_set.path_to_doc
             rows = run(index, questions, lambda r, docs=docs: docs.get(r.get("path"), r.get("path")), mode)
+            dumped[f"{name} / {config}"] = rows
             print(table_row(f"{name} / {config}", rows), flush=True)
             sweeps.append(lead_sweep(f"{name} / {config}", rows))
             index.close()
     print("\n".join(["", "LEAD sweep:"] + sweeps))
+    if args.dump:
+        Path(args.dump).write_text(json.dumps(dumped, ensure_ascii=False), encoding="utf-8")
 
 
 if __name__ == "__main__":
