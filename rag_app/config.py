@@ -287,7 +287,7 @@ class RetrievalSection(_Section):
     fast_only: bool = False
     candidates: int = Field(50, ge=1, le=1000)
     chunks_per_note: int = Field(3, ge=1, le=100)
-    num_queries: int = Field(1, ge=1, le=10)
+    num_queries: int = Field(4, ge=1, le=10)
     coverage_power: float = Field(1.0, ge=0, le=10)
     vector_floor: float = Field(0.5, ge=0, le=1)  # e5's say when BM25 covers none of the query (all of it at full)
     lead_idf: float = Field(3.0, ge=0)  # BM25's best chunk goes first over chunks lacking words it has worth this IDF
@@ -302,6 +302,7 @@ class LLMSection(_Section):
     context_window: int = Field(32768, ge=512, le=10_000_000)
     timeout: float = Field(120.0, gt=0, le=3600)
     max_retries: int = Field(2, ge=0, le=10)
+    variants_timeout: float = Field(20.0, gt=0, le=600)  # search variants are optional: a slow LLM never holds search
     budget_chars: int = Field(12_000, ge=1_000, le=1_000_000)  # the most note text sent with one question
 
 

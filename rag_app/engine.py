@@ -82,6 +82,7 @@ class Brain:
         self._refreshing: threading.Thread | None = None
         self._last_refresh = 0.0
         self._llm: Any = None
+        self._variants_llm: Any = None
         self._graph: tuple[str, LinkGraph, dict[str, dict[str, Any]]] | None = None
         self._lock = threading.RLock()
 
@@ -261,6 +262,14 @@ class Brain:
             self._llm = load_llm(llm_config(self.settings.llm)) or False
         return self._llm or None
 
+    def variants_llm(self) -> Any | None:
+        """The LLM that writes a question's search variants, with a short timeout and no retries."""
+        if self._variants_llm is None:
+            from rag_app.answers.llm import llm_config, load_llm, variants_config
+
+            self._variants_llm = load_llm(variants_config(llm_config(self.settings.llm))) or False
+        return self._variants_llm or None
+
     def search(
         self,
         query: str,
@@ -348,7 +357,7 @@ class Brain:
         hide_private = audience == "agent" and not self.agents_see_private
         filters = SearchFilters(tuple(sources), tuple(tags), path_prefix, _date(since, "since"), _date(until, "until"),
                                 exclude_private=hide_private)
-        llm = self.llm() if expand and not variants else None
+        llm = self.variants_llm() if expand and not variants else None
         return NoteFusionRetriever(self.searcher, k, mode=mode, filters=filters, llm=llm, variants=variants,
                                    lock=self._lock)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -24,6 +24,7 @@ class LLMConfig:
     context_window: int = 32768
     timeout: float = 120.0
     max_retries: int = 2
+    variants_timeout: float = 20.0
 
     @property
     def configured(self) -> bool:
@@ -76,7 +77,14 @@ def llm_config(section: dict[str, Any] | None = None) -> LLMConfig:
         context_window=int(section.get("context_window", 32768)),
         timeout=float(section.get("timeout", 120.0)),
         max_retries=int(section.get("max_retries", 2)),
+        variants_timeout=float(section.get("variants_timeout", 20.0)),
     )
+
+
+def variants_config(config: LLMConfig) -> LLMConfig:
+    """The LLM that writes search variants: one try, bounded by `variants_timeout`. Search answers without variants
+    when it is slow or down, so it must never wait as long as an answer may (120 s and retries)."""
+    return replace(config, timeout=min(config.timeout, config.variants_timeout), max_retries=0)
 
 
 def load_llm(config: LLMConfig) -> Any | None:

@@ -1,7 +1,9 @@
 """An OpenAI-compatible chat server on 127.0.0.1 for tests: JSON and SSE streaming, scripted replies, a request log.
 
 `replies` is a list of callables or strings consumed in order (the last one repeats); a callable gets the request body
-and returns the assistant text, or a dict `{"tool_calls": [...]}` for a function call.
+and returns the assistant text, or a dict `{"tool_calls": [...]}` for a function call. A request for search-query
+variants (the engine's own prompt, sent before it searches whenever an LLM is configured) is answered with `variants`
+and logged in `variant_requests`, so a test about answers scripts and counts the answer requests alone.
 """
 
 from __future__ import annotations
@@ -14,13 +16,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 Reply = str | Callable[[dict[str, Any]], Any]
+VARIANT_PROMPT = "alternative search queries"
 
 
 class OpenAIDouble:
-    def __init__(self, replies: list[Reply] | None = None, api_key: str | None = None):
+    def __init__(self, replies: list[Reply] | None = None, api_key: str | None = None, variants: Reply = ""):
         self.replies: list[Reply] = list(replies or ["ok"])
         self.api_key = api_key
+        self.variants = variants
         self.requests: list[dict[str, Any]] = []
+        self.variant_requests: list[dict[str, Any]] = []
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -37,12 +42,17 @@ class OpenAIDouble:
 
             def do_POST(self) -> None:  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-                double.requests.append({"path": self.path, "body": body, "auth": self.headers.get("Authorization")})
+                asks_variants = VARIANT_PROMPT in json.dumps(body.get("messages", []), ensure_ascii=False)
+                log = double.variant_requests if asks_variants else double.requests
+                log.append({"path": self.path, "body": body, "auth": self.headers.get("Authorization")})
                 if double.api_key and self.headers.get("Authorization") != f"Bearer {double.api_key}":
                     return self._send(401, {"error": {"message": "invalid api key", "type": "auth"}})
                 if not self.path.endswith("/chat/completions"):
                     return self._send(404, {"error": {"message": "not found"}})
-                answer = double._next(body)
+                if asks_variants:
+                    answer = double.variants(body) if callable(double.variants) else double.variants
+                else:
+                    answer = double._next(body)
                 if body.get("stream"):
                     return self._stream(body, answer)
                 return self._send(200, _completion(body, answer))

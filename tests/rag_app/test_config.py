@@ -45,7 +45,7 @@ def test_a_wrong_key_or_value_is_refused_when_the_config_is_read(tmp_path: Path,
 def test_defaults_live_in_one_place_and_fill_every_section(tmp_path: Path):
     settings = settings_from(tmp_path, "[llm]\nmodel = \"qwen2.5\"\n[retrieval]\nrrf_k = 9\nbm25_weight = 1\n")
     assert settings.llm == {"base_url": "", "model": "qwen2.5", "context_window": 32768, "timeout": 120.0,
-                            "max_retries": 2, "budget_chars": 12_000}
+                            "max_retries": 2, "variants_timeout": 20.0, "budget_chars": 12_000}
     assert settings.mcp == {"allow_private": False} and settings.serve == {"obsidian": False, "trusted_proxies": []}
     assert settings.retrieval == {"rrf_k": 9, "bm25_weight": 1}  # the fusion's own defaults fill the rest
     assert (settings.lock_wait_seconds, settings.stale_seconds) == (10.0, 300.0)

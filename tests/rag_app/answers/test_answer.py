@@ -67,6 +67,17 @@ def test_llm_answer_sends_fenced_bounded_sources_and_maps_citations(sample_brain
     assert "DATA" in sent["messages"][0]["content"]
 
 
+def test_ask_in_a_persons_own_words_searches_with_the_variants_the_llm_writes(sample_brain, llm_env):
+    """观影 shares no word with 电影清单: the LLM's variants find it, and the answer is asked with that note."""
+    with OpenAIDouble(["想看《花样年华》[1]。"], variants="电影清单\n想看的电影\nmovies to watch") as double:
+        llm_env(double)
+        response = Brain(sample_brain.home).ask("观影", 4)
+    assert response.coverage["expanded"] is True
+    assert response.coverage["queries"] == ["观影", "电影清单", "想看的电影", "movies to watch"]
+    assert response.citations[0]["path"] == "生活/电影清单.md" and response.mode == "llm"
+    assert len(double.variant_requests) == 1 and len(double.requests) == 1
+
+
 def test_an_llm_is_given_only_passages_that_may_answer_and_is_not_asked_when_there_are_none(sample_brain, llm_env):
     with OpenAIDouble(["想看《花样年华》[1]。"]) as double:
         llm_env(double)

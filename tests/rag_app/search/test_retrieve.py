@@ -6,6 +6,8 @@ import datetime as dt
 import json
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -233,7 +235,7 @@ def test_agent_supplied_variants_all_run(sample_brain):
 
 
 def test_llm_expansion_generates_variants_and_parses_chinese_numbering(sample_brain, monkeypatch):
-    with OpenAIDouble(["1、电影清单\n2、想看的片子\n3) films to watch"]) as llm:
+    with OpenAIDouble(variants="1、电影清单\n2、想看的片子\n3) films to watch") as llm:
         monkeypatch.setenv("LLM_BASE_URL", llm.url)
         monkeypatch.setenv("LLM_MODEL", "qwen2.5")
         (sample_brain.home / "config.toml").write_text("[retrieval]\nnum_queries = 3\n", encoding="utf-8")
@@ -244,7 +246,38 @@ def test_llm_expansion_generates_variants_and_parses_chinese_numbering(sample_br
             (sample_brain.home / "config.toml").unlink()
     assert response.coverage["queries"] == ["观影", "电影清单", "想看的片子"]
     assert response.coverage["expanded"] is True
-    assert "观影" in llm.prompts()[0]
+    assert "观影" in json.dumps(llm.variant_requests[0]["body"], ensure_ascii=False) and not llm.requests
+
+
+def test_an_llm_writes_three_variants_by_default(sample_brain, monkeypatch):
+    """With an LLM configured and no [retrieval] num_queries, a bare question runs with 3 variants the LLM writes:
+    a person's own words get the search an agent's variants get."""
+    with OpenAIDouble(variants="电影清单\n想看的片子\nfilms to watch\nmovie list") as llm:
+        monkeypatch.setenv("LLM_BASE_URL", llm.url)
+        monkeypatch.setenv("LLM_MODEL", "qwen2.5")
+        response = Brain(sample_brain.home).search("观影", 3)
+    assert response.coverage["queries"] == ["观影", "电影清单", "想看的片子", "films to watch"]
+    assert len(llm.variant_requests) == 1 and "Write 3 alternative" in json.dumps(llm.variant_requests[0]["body"],
+                                                                                 ensure_ascii=False)
+    assert response.results[0]["path"] == "生活/电影清单.md"
+
+
+def test_a_slow_llm_never_holds_search_for_longer_than_the_variants_timeout(sample_brain, monkeypatch):
+    """Variants are optional: one try, bounded by [llm] variants_timeout, then the question is searched alone."""
+    release = threading.Event()
+    (sample_brain.home / "config.toml").write_text("[llm]\nvariants_timeout = 1\n", encoding="utf-8")
+    try:
+        with OpenAIDouble(variants=lambda body: release.wait(60) and "电影清单") as llm:
+            monkeypatch.setenv("LLM_BASE_URL", llm.url)
+            monkeypatch.setenv("LLM_MODEL", "qwen2.5")
+            started = time.monotonic()
+            response = Brain(sample_brain.home).search("观影", 3)
+            waited = time.monotonic() - started
+            release.set()
+    finally:
+        (sample_brain.home / "config.toml").unlink()
+    assert response.coverage["queries"] == ["观影"] and waited < 30
+    assert len(llm.variant_requests) == 1  # no retry
 
 
 def test_no_llm_means_no_expansion_and_no_error(sample_brain):
