@@ -60,6 +60,7 @@ __all__ = ["MAX_CAPTURE_BYTES", "MAX_TAGS", "MAX_TITLE_CHARS", "BackgroundWatch"
 
 log = logging.getLogger("cflow_brain.engine")
 REFRESH_WAIT_SECONDS = 5.0  # a stale check waits this long for listing and keyword index, never for embedding
+LLM_RETRY_SECONDS = 30.0  # after a failed LLM call, answers are passages at once for this long, then it is tried again
 
 
 class _RefreshOff(threading.local):
@@ -83,6 +84,7 @@ class Brain:
         self._last_refresh = 0.0
         self._llm: Any = None
         self._variants_llm: Any = None
+        self._llm_failed: tuple[float, str] | None = None  # when and why the LLM last failed (cleared by a success)
         self._graph: tuple[str, LinkGraph, dict[str, dict[str, Any]]] | None = None
         self._lock = threading.RLock()
 
@@ -357,7 +359,8 @@ class Brain:
         hide_private = audience == "agent" and not self.agents_see_private
         filters = SearchFilters(tuple(sources), tuple(tags), path_prefix, _date(since, "since"), _date(until, "until"),
                                 exclude_private=hide_private)
-        llm = self.variants_llm() if expand and not variants else None
+        wanted = expand and not variants and self.llm_state()["configured"]
+        llm = self.variants_llm() if wanted and not self.llm_state(probe=True)["error"] else None
         return NoteFusionRetriever(self.searcher, k, mode=mode, filters=filters, llm=llm, variants=variants,
                                    lock=self._lock)
 
@@ -462,10 +465,11 @@ class Brain:
         history = self._sessions.turns(session, last=HISTORY_TURNS) if session is not None else []
         config = llm_config(self.settings.llm)
         llm = self.llm()
-        llm_error = None
+        llm_error = self.llm_state(probe=True)["error"] if llm is not None else None  # down: passages at once
         query = question
         if history:
-            query, llm_error = self._condense(question, history, llm, config.api_key)
+            query, condense_error = self._condense(question, history, None if llm_error else llm, config.api_key)
+            llm_error = llm_error or condense_error
         found = self.search(query, k, sources=sources, tags=tags, since=since, until=until, audience=audience)
         citations = answers.citations_from(found.results)
         coverage = dict(found.coverage)
@@ -496,7 +500,9 @@ class Brain:
                 text = answers.llm_answer(llm, question, context, on_token, past)
             except Exception as exc:  # the LLM is optional: fall back, say why, never fail the question
                 llm_error = error_reason(exc, config.api_key)
+                self._llm_failed = (time.monotonic(), llm_error)
             else:
+                self._llm_failed = None
                 cited = answers.cited_numbers(text, len(sent))
                 coverage.update(cited=cited, llm="used")
                 return self._remember(session, turn_id, question, answers.AnswerResponse(
@@ -529,15 +535,20 @@ class Brain:
             try:
                 condensed = standalone_from_reply(str(llm.complete(condense_prompt(question, history))))
             except Exception as exc:  # unreachable: the answer falls back to passages, and says why
-                return condense_without_llm(question, history, self._stands_alone(question)), error_reason(exc, secret)
+                reason = error_reason(exc, secret)
+                self._llm_failed = (time.monotonic(), reason)
+                return condense_without_llm(question, history, self._stands_alone(question, history)), reason
             if condensed:
                 return condensed, None
-        return condense_without_llm(question, history, self._stands_alone(question)), None
+        return condense_without_llm(question, history, self._stands_alone(question, history)), None
 
-    def _stands_alone(self, question: str) -> bool:
-        """The question's own best note is strong: it may start a new subject (sessions.condense_without_llm)."""
-        found = self.search(question, 1, expand=False)
-        return bool(found.results) and found.results[0]["strength"] == "strong"
+    def _stands_alone(self, question: str, history: list[dict[str, Any]]) -> bool:
+        """Whether the question starts a new subject, read from its own top 3 (sessions.stands_alone)."""
+        from rag_app.answers.sessions import stands_alone
+        from rag_app.search.relevance import LEAD
+
+        found = self.search(question, 3, expand=False)
+        return stands_alone(question, found.results, found.answer_state, history[-1], LEAD)
 
     @staticmethod
     def _history_messages(history: list[dict[str, Any]], budget: int) -> list[Any]:
@@ -596,11 +607,26 @@ class Brain:
         finally:
             manifest.close()
 
-    def llm_state(self) -> dict[str, Any]:
-        """{"configured", "missing", "model", "base_url"}: "missing" names what a half-done configuration lacks."""
-        from rag_app.answers.llm import llm_config
+    def llm_state(self, probe: bool = False) -> dict[str, Any]:
+        """{"configured", "missing", "model", "base_url", "error"}: "missing" names what a half-done configuration
+        lacks; "error" why the LLM cannot be used now (its last call failed, or with `probe`, its address refuses a
+        connection), else None."""
+        from rag_app.answers.llm import llm_config, unreachable
 
-        return llm_config(self.settings.llm).state()
+        config = llm_config(self.settings.llm)
+        error = self.llm_failure()
+        if error is None and probe and config.configured:
+            error = unreachable(config.base_url)
+            if error is not None:
+                self._llm_failed = (time.monotonic(), error)
+        return config.state() | {"error": error}
+
+    def llm_failure(self) -> str | None:
+        """Why the LLM failed within the last LLM_RETRY_SECONDS (its calls are skipped meanwhile), else None."""
+        failed = self._llm_failed
+        if failed is None or time.monotonic() - failed[0] > LLM_RETRY_SECONDS:
+            return None
+        return failed[1]
 
     def graph(self) -> LinkGraph:
         """The link graph of everything indexed (rebuilt when the index changed)."""

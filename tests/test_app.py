@@ -433,11 +433,18 @@ def test_the_llm_line_says_what_a_half_done_configuration_lacks() -> None:
 
 def test_an_unreachable_llm_is_named_in_the_answer(own_home: Path, pages: Callable[..., app.ChatPage],
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LLM_BASE_URL", f"http://127.0.0.1:{free_port()}/v1")
+    """A server that refuses connections is named at once, on the LLM line of a page just loaded and in the answer
+    (passages, without the client's retries)."""
+    port = free_port()
+    monkeypatch.setenv("LLM_BASE_URL", f"http://127.0.0.1:{port}/v1")
     monkeypatch.setenv("LLM_MODEL", "qwen2.5")
-    final = answers(ask(pages(own_home)))[-1]
-    final = final.removeprefix(f"{STRONG}\n\n")
-    assert final.startswith("Extractive answer: LLM unavailable (Connection error") and "showing passages" in final
+    page = pages(own_home)
+    line = page.llm_line()
+    assert "⚠️ LLM **qwen2\\.5** unreachable: cannot connect to http\\://127.0.0.1:" in line
+    assert "answers are passages of your notes until it is back" in line
+    final = answers(ask(page))[-1].removeprefix(f"{STRONG}\n\n")
+    assert final.startswith(f"Extractive answer: LLM unavailable (cannot connect to http\\://127.0.0.1:{port}/v1")
+    assert "showing passages" in final
 
 
 def test_status_shows_each_channels_progress_and_time_left() -> None:
@@ -488,6 +495,15 @@ def test_citation_links_per_source_kind() -> None:
      r"\<http\://evil.example/auto> \<\!-- c --> \<script>x\</script>"),
     ("\\[x](http://evil.example)", "\\\\x"),
     ("# 结论\n- **粗体** _斜体_ `code` [1][2]", "# 结论\n- **粗体** _斜体_ `code` \\[1\\]\\[2\\]"),
+    ("use `&v[0]` and `Vec<i32>`!", r"use `&v[0]` and `Vec<i32>`\!"),
+    ("```rust\nlet v: Vec<i32> = vec![];\nprintln!(\"{}\", &v[0]); // (careful!)\n```",
+     "```rust\nlet v: Vec<i32> = vec![];\nprintln!(\"{}\", &v[0]); // (careful!)\n```\n"),
+    ("````md\n```\n<img src=x>\n````\nafter", "````md\n```\n<img src=x>\n````\nafter"),
+    ("~~~\n<img src=x>", "```\n<img src=x>\n```\n"),
+    ("x `a\nb` <img src=x> `c`", "x \\`a\nb`<img src=x>`c\\`"),
+    ("a ` b ``<img src=x>``", r"a \` b `<img src=x>`"),
+    ("~~ not a fence ~~\n\\`<img src=x>`", r"\~\~ not a fence \~\~" "\n" r"\\\`\<img src=x>\`"),
+    ("~~~~ python title\nx = [1] < 2\n~~~~", "```python\nx = [1] < 2\n```\n"),
 ])
 def test_answers_are_shown_without_images_html_or_foreign_links(written: str, shown: str) -> None:
     assert app.safe_markdown(written) == shown
@@ -497,6 +513,8 @@ def test_a_citation_marker_the_model_fakes_still_opens_only_in_the_page() -> Non
     citations = [{"n": 1, "note_id": "vault:v/a.md"}]
     shown = app.link_citations(app.safe_markdown("see [1], [1](http://evil.example) and [2]"), citations, 0)
     assert shown == "see [\\[1\\]](#brain-note?id=vault%3Av%2Fa.md&turn=0&n=1), 1 and \\[2\\]"
+    in_code = app.link_citations(app.safe_markdown("`v[1]` and\n```\n\\[1\\]\n```\nsee [1]"), citations, 0)
+    assert in_code == "`v[1]` and\n```\n\\[1\\]\n```\nsee [\\[1\\]](#brain-note?id=vault%3Av%2Fa.md&turn=0&n=1)"
 
 
 def test_only_links_to_the_cited_notes_and_their_urls_stay_links() -> None:

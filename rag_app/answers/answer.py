@@ -9,9 +9,10 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rag_app.answers.code_spans import as_written, split_code
 from rag_app.config import LLMSection
 
 DEFAULT_BUDGET: int = LLMSection.model_fields["budget_chars"].default  # [llm] budget_chars
@@ -45,11 +46,17 @@ class AnswerResponse:
     cited: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        """Whoever builds the response, its text never cites a source that is not in `citations`."""
-        self.answer = mark_unknown_citations(self.answer, len(self.citations))
+        """Whoever builds the response, an LLM's text never cites a source that is not in `citations` (passages are
+        the notes' own words, never rewritten)."""
+        if self.mode == "llm":
+            self.answer = drop_unknown_citations(self.answer, len(self.citations))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"answer": self.answer, "citations": self.citations, "coverage": self.coverage, "mode": self.mode}
+        """`not_found` and `answer_state` at the top, as in a search's JSON (also kept in `coverage`)."""
+        return {"answer": self.answer, "citations": self.citations, "coverage": self.coverage, "mode": self.mode,
+                "not_found": bool(self.coverage.get("not_found")),
+                "answer_state": self.coverage.get("answer_state") or ("not_found" if self.mode == "not_found" else
+                                                                      "found")}
 
 
 def citations_from(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -444,14 +451,37 @@ def llm_answer(llm: Any, question: str, context: str, on_token: Callable[[str], 
 _OPEN, _CLOSE = r"[\[\uff3b\u3010]", r"[\]\uff3d\u3011]"  # [n], and the fullwidth ［n］ 【n】 Chinese models write
 CITATION_MARK = _OPEN + r"\s*(?:\d{1,6}|\?)\s*" + _CLOSE  # [n] or [?]
 _CITATION = re.compile(_OPEN + r"\s*(\d{1,6})\s*" + _CLOSE)
-UNKNOWN_CITATION = "[?]"
 
 
 def cited_numbers(text: str, limit: int) -> list[int]:
-    """The source numbers an answer cites ([n], and the fullwidth ［n］ and 【n】 Chinese models write)."""
-    return sorted({int(n) for n in _CITATION.findall(text) if 1 <= int(n) <= limit})
+    """The source numbers the prose of `text` cites (code and indexing are not read: `v[1]` is an index)."""
+    prose = "".join(part.text for part in split_code(text) if part.kind == "prose")
+    return sorted({n for run in _PROSE_CITATIONS.finditer(prose) for n in _numbers(run) if 1 <= n <= limit})
 
 
-def mark_unknown_citations(text: str, limit: int) -> str:
-    """A citation with no source behind it ([9] of 6) would send the reader nowhere: it becomes [?]."""
-    return _CITATION.sub(lambda m: m.group(0) if 1 <= int(m.group(1)) <= limit else UNKNOWN_CITATION, text)
+# A run of citations ([1][2], 【3】): [n] right after a name or a closing bracket is indexing (`v[0]`, `a[i][2]`,
+# `f()[1]`), and a run that follows one belongs to it.
+_PROSE_CITATIONS = re.compile(r"[ \t]?(?:(?<![A-Za-z0-9_)\]])\[|[\uff3b\u3010])\s*\d{1,6}\s*" + _CLOSE
+                              + r"(?:" + _OPEN + r"\s*\d{1,6}\s*" + _CLOSE + r")*")
+
+
+def _numbers(run: re.Match[str]) -> list[int]:
+    return [int(n) for n in re.findall(r"\d+", run.group(0))]
+
+
+def drop_unknown_citations(text: str, limit: int) -> str:
+    """A citation with no source behind it ([9] of 6) would send the reader nowhere: it is dropped. Only the prose
+    is read: code and indexing stay exactly as written."""
+
+    def kept(run: re.Match[str]) -> str:
+        numbers = _numbers(run)
+        if all(1 <= n <= limit for n in numbers):
+            return run.group(0)
+        known = "".join(m.group(0) for m in _CITATION.finditer(run.group(0)) if 1 <= int(m.group(1)) <= limit)
+        return run.group(0)[: len(run.group(0)) - len(run.group(0).lstrip(" \t"))] + known if known else ""
+
+    parts = split_code(text)
+    for n, part in enumerate(parts):
+        if part.kind == "prose":
+            parts[n] = replace(part, text=_PROSE_CITATIONS.sub(kept, part.text))
+    return as_written(parts)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -44,6 +45,23 @@ class LLMConfig:
 
     def __repr__(self) -> str:
         return f"LLMConfig(base_url={self.base_url!r}, model={self.model!r}, api_key={'set' if self.api_key else ''})"
+
+
+def unreachable(base_url: str, timeout: float = 1.0) -> str | None:
+    """Why nothing answers at the LLM's host and port ("connection refused"), else None. A TCP connection only: no
+    request is sent, so a page can check it on every load."""
+    parts = urlsplit(base_url)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return "its URL has no valid port"
+    if not parts.hostname:
+        return "its URL has no host"
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout).close()
+    except OSError as exc:
+        return f"cannot connect to {public_url(base_url)} ({exc.strerror or type(exc).__name__})"
+    return None
 
 
 def public_url(url: str) -> str:

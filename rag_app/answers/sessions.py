@@ -284,11 +284,35 @@ def refers_back(question: str) -> bool:
     return bool(_REFERS_BACK.search(question.strip()))
 
 
+def subject_notes(turn: dict[str, Any]) -> set[str]:
+    """The notes a turn answered from: those its answer cited, else its strong and related sources."""
+    citations = turn.get("citations") or []
+    cited = set((turn.get("coverage") or {}).get("cited") or [])
+    return {str(c["note_id"]) for c in citations
+            if (c.get("n") in cited if cited else c.get("strength") in ("strong", "related"))}
+
+
+def stands_alone(question: str, own: list[dict[str, Any]], own_state: str, last_turn: dict[str, Any],
+                 lead: float) -> bool:
+    """Whether a question starts a new subject: it does not point back (那…, 第二部, it), the notes give it leads of
+    its own (`own`: its top results searched alone; `own_state` not "not_found"), and neither its first lead nor its
+    most relevant one (at relevance ≥ `lead`) is a note the last turn answered from. 番茄要选什么样的 after a turn on
+    coffee leads to 番茄炒蛋: a new subject, searched as asked. 要多少钱 after a turn on Kyoto leads to the Kyoto note,
+    and 导演是谁 to the film list: follow-ups, given the subject."""
+    if refers_back(question) or own_state == "not_found":
+        return False
+    leads = [r for r in own if float(r.get("relevance") or 0.0) >= lead]
+    if not leads:
+        return False  # no lead of its own beyond a title's likeness: read it as a follow-up
+    first = {leads[0]["note_id"], max(leads, key=lambda r: float(r["relevance"]))["note_id"]}
+    return not first & subject_notes(last_turn)
+
+
 def condense_without_llm(question: str, history: list[dict[str, Any]], stands_alone: bool = False) -> str:
     """The follow-up, then the subject of the last turn it does not already name; a question that `stands_alone`
-    (the notes answer it strongly by itself) and does not refer back starts a new subject and is searched as asked:
-    猫咪日常 after a turn on yearly goals is about cats, not goals."""
-    if not history or (stands_alone and not refers_back(question)):
+    (see `stands_alone`) starts a new subject and is searched as asked: 猫咪日常 after a turn on yearly goals is about
+    cats, not goals."""
+    if not history or stands_alone:
         return question
     carried = [t for t in subject_of(history[-1]) if t.lower() not in question.lower()]
     return " ".join([question, *carried]).strip()

@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 
 import click
 
-from rag_app.answers.answer import AnswerResponse, readable_excerpt
+from rag_app.answers.answer import NOT_FOUND, UNSURE, AnswerResponse, readable_excerpt
 from rag_app.engine import (
     BackgroundWatch,
     Brain,
@@ -156,9 +156,13 @@ def sync(ctx: click.Context, vaults: tuple[str, ...], memos: tuple[str, ...], na
         if not as_json:
             click.echo(_source_line(result, verbose))
 
-    with _reported():
-        report = brain.sync(vaults, memos, names, progress=TqdmProgress() if show_progress else None,
-                            on_source=on_source, allow_deletes=allow_deletes)
+    try:
+        with _reported():
+            report = brain.sync(vaults, memos, names, progress=TqdmProgress() if show_progress else None,
+                                on_source=on_source, allow_deletes=allow_deletes)
+    except KeyboardInterrupt:  # a second Ctrl-C: out at once, with the documented code (not Click's "Aborted!", 1)
+        _fail("stopped at once; every finished batch is saved and searchable, `brain sync` continues from there",
+              EXIT_INTERRUPTED)
     if as_json:
         _print_json(report.to_dict())
     else:
@@ -302,6 +306,11 @@ def _batch(brain: Brain, lines: Any, k: int, options: dict[str, Any]) -> None:
                                "ms": round(response.timing["total_ms"], 2)}, ensure_ascii=False))
 
 
+def _without_leads(text: str) -> str:
+    """A "not in your notes" or "not sure" answer without its list of leads: the sources below list them, with paths."""
+    return text.split("\n\n")[0] if text.startswith((NOT_FOUND, UNSURE)) else text
+
+
 def _time_filter_line(coverage: dict[str, Any]) -> str | None:
     """The date range a time phrase in the query became ("上个月的读书笔记"), which filters what is found."""
     phrase = coverage.get("time_phrase")
@@ -360,7 +369,7 @@ def ask_command(ctx: click.Context, question: str, k: int, session: str | None, 
     unbold = _Unbold()
 
     def on_token(piece: str) -> None:
-        click.echo(_plain(unbold.feed(piece), keep_lines=True), nl=False)
+        click.echo(_plain(unbold.feed(_without_leads(piece)), keep_lines=True), nl=False)
 
     with _reported():
         response = brain.ask(question, k, session=session, sources=sources, tags=tags, since=since, until=until,
@@ -374,7 +383,7 @@ def ask_command(ctx: click.Context, question: str, k: int, session: str | None, 
     if stream:
         click.echo(_plain(unbold.flush(), keep_lines=True))
     else:
-        click.echo(_plain(_unmark(response.answer), keep_lines=True))
+        click.echo(_plain(_unmark(_without_leads(response.answer)), keep_lines=True))
     if coverage.get("llm") == "used":
         state = brain.llm_state()
         click.echo(f"(written by {_plain(state['model'])} at {_plain(state['base_url'])})")
@@ -512,7 +521,8 @@ def watch(ctx: click.Context, vaults: tuple[str, ...], memos: tuple[str, ...], i
 
     if not as_json:
         names = ", ".join(_plain(s.name) for s in specs)
-        click.echo(f"watching {names} (Memos every {interval:g} s); Ctrl-C stops", err=True)
+        polled = f" (Memos every {interval:g} s)" if any(s.kind == "memos" for s in specs) else ""
+        click.echo(f"watching {names}{polled}; Ctrl-C stops", err=True)
     with _reported(), _served_warm(ctx, brain, "brain watch"):
         brain.watch(specs, interval, on_sync)
 

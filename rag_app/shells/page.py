@@ -18,6 +18,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, quote
 
@@ -32,6 +33,7 @@ from starlette.responses import JSONResponse  # noqa: E402
 from starlette.types import ASGIApp, Message, Receive, Scope, Send  # noqa: E402
 
 from rag_app.answers.answer import cited_numbers, excerpt_markdown  # noqa: E402
+from rag_app.answers.code_spans import render, split_code  # noqa: E402
 from rag_app.engine import (  # noqa: E402
     Brain,
     ConfigError,
@@ -281,12 +283,19 @@ def urls_in(text: str) -> set[str]:
 def safe_markdown(text: str, allowed: Iterable[str] = ()) -> str:
     """LLM (or note) text as markdown the page can show without the browser fetching anything.
 
-    No image and no raw HTML survives (every `[`, `]`, `!`, `<` and backslash is escaped, which also disarms
-    reference links and footnotes; inside code the escapes show). A link, written as markdown or bare, stays a link
-    only if its URL is in `allowed` (the cited notes' own links and the URLs written in them), else its label stays
-    as plain text. Bare URLs, www. and e-mail addresses are kept from being auto-linked. Headings, lists and
+    Code (fenced blocks, inline spans) is shown exactly as written, in fences no text inside can close. In the prose
+    no image and no raw HTML survives (every `[`, `]`, `!`, `<`, backtick, `~` and backslash is escaped, which also
+    disarms reference links, footnotes and code the splitter did not see). A link, written as markdown or bare, stays
+    a link only if its URL is in `allowed` (the cited notes' own links and the URLs written in them), else its label
+    stays as plain text. Bare URLs, www. and e-mail addresses are kept from being auto-linked. Headings, lists and
     emphasis still render."""
     allowed = frozenset(allowed)
+    parts = split_code(text)
+    return render([replace(part, text=_safe_prose(part.text, allowed)) if part.kind == "prose" else part
+                   for part in parts])
+
+
+def _safe_prose(text: str, allowed: frozenset[str]) -> str:
     out: list[str] = []
     pos = 0
     for match in _MD_LINK.finditer(text):
@@ -316,7 +325,7 @@ def _inert(text: str, allowed: frozenset[str]) -> str:
 
 
 def _escape_inline(text: str) -> str:
-    text = re.sub(r"[\\\[\]<!]", r"\\\g<0>", text)
+    text = re.sub(r"[\\\[\]<!`~]", r"\\\g<0>", text)
     text = re.sub(r"(?i)(https?|ftp):(?=//)", r"\1\\:", text)  # no autolink: http\://…
     text = re.sub(r"(?i)(www)\.", r"\1\\.", text)
     return re.sub(r"(?<=[\w.+-])@(?=[\w-]+\.)", r"\\@", text)
@@ -335,7 +344,8 @@ def link_citations(markdown: str, citations: list[dict[str, Any]], turn: int) ->
         citation = by_n.get(n)
         return f"[\\[{n}\\]]({note_ref(citation['note_id'], turn, n)})" if citation else match.group(0)
 
-    return _SAFE_CITATION.sub(link, markdown)
+    return "".join(_SAFE_CITATION.sub(link, part.text) if part.kind == "prose" else part.raw
+                   for part in split_code(markdown))
 
 
 def shown_citations(citations: list[dict[str, Any]], cited: Iterable[int]) -> set[int]:
@@ -430,6 +440,9 @@ def turn_markdown(turn: dict[str, Any], index: int, allowed: Iterable[str], obsi
 
 def llm_markdown(state: dict[str, Any]) -> str:
     """The LLM line above the chat, honest about a half-done configuration."""
+    if state.get("configured") and state.get("error"):
+        return (f"**cflow-brain** · ⚠️ LLM **{escape_markdown(str(state.get('model') or ''))}** unreachable: "
+                f"{_inert(str(state['error']), frozenset())}; answers are passages of your notes until it is back")
     if state.get("configured"):
         return (f"**cflow-brain** · LLM **{escape_markdown(str(state.get('model') or ''))}** at "
                 f"{_inert(str(state.get('base_url') or ''), frozenset())}")  # shown, not autolinked
@@ -985,7 +998,7 @@ class ChatPage:
     # Status
 
     def llm_line(self) -> str:
-        return llm_markdown(self.brain.llm_state())
+        return llm_markdown(self.brain.llm_state(probe=True))
 
     def status(self) -> str:
         """Read on every call: the manifest is cheap to open, and a sync from the CLI shows up too."""

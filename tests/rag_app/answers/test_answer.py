@@ -7,19 +7,19 @@ import os
 import re
 import subprocess
 import sys
+import threading
 
 import pytest
 
 from rag_app.answers.answer import (
     NO_NOTES,
     NOT_FOUND,
-    UNKNOWN_CITATION,
     build_context,
     cited_numbers,
+    drop_unknown_citations,
     excerpt_markdown,
     extractive_answer,
     highlight,
-    mark_unknown_citations,
     passage,
     readable_excerpt,
     readable_inline,
@@ -45,7 +45,8 @@ def test_without_an_llm_the_answer_is_extractive_and_cited(sample_brain):
     assert response.answer.startswith("Extractive answer")
     assert response.citations[0]["path"] == "生活/电影清单.md" and response.citations[0]["n"] == 1
     assert "[1]" in response.answer
-    assert set(response.to_dict()) == {"answer", "citations", "coverage", "mode"}
+    assert set(response.to_dict()) == {"answer", "citations", "coverage", "mode", "not_found", "answer_state"}
+    assert response.to_dict()["answer_state"] == "found" and response.to_dict()["not_found"] is False
     assert {c["strength"] for c in response.citations} <= {"strong", "related", "weak"}
 
 
@@ -65,6 +66,32 @@ def test_llm_answer_sends_fenced_bounded_sources_and_maps_citations(sample_brain
     assert '<source id="1" title="电影清单"' in user and "花样年华" in user and "Question: 我想看哪些电影？" in user
     assert len(user) <= 12_000 + 500
     assert "DATA" in sent["messages"][0]["content"]
+
+
+def test_after_an_llm_fails_answers_are_passages_at_once_until_it_is_tried_again(sample_brain, llm_env, monkeypatch):
+    """One failed call, then passages without asking (no 10 s of retries per question); tried again after
+    LLM_RETRY_SECONDS, and a success clears the failure."""
+    import rag_app.engine as engine
+
+    up = threading.Event()
+
+    def reply(body):
+        if not up.is_set():
+            raise ConnectionResetError("the server dropped the connection")
+        return "想看《一一》[1]。"
+
+    with OpenAIDouble([reply]) as double:
+        llm_env(double)
+        brain = Brain(sample_brain.home)
+        first = brain.ask("我想看哪些电影？", 4)
+        asked = len(double.requests)
+        second = brain.ask("我想看哪些电影？", 4)
+        assert first.mode == second.mode == "extractive" and second.coverage["llm"] == "unavailable"
+        assert len(double.requests) == asked and brain.llm_state()["error"] == first.coverage["llm_error"]
+        up.set()
+        monkeypatch.setattr(engine, "LLM_RETRY_SECONDS", 0.0)
+        third = brain.ask("我想看哪些电影？", 4)
+    assert third.mode == "llm" and brain.llm_state()["error"] is None
 
 
 def test_ask_in_a_persons_own_words_searches_with_the_variants_the_llm_writes(sample_brain, llm_env):
@@ -272,19 +299,39 @@ def test_cited_numbers_ignore_out_of_range():
     assert cited_numbers("中文【2】和［3］", 3) == [2, 3]
 
 
-def test_unknown_citations_are_marked():
-    assert mark_unknown_citations("a [1] b [9] c【7】 d [6][0] e [12345]", 6) == "a [1] b [?] c[?] d [6][?] e [?]"
-    assert mark_unknown_citations("no sources [1]", 0) == "no sources [?]"
+def test_citations_with_no_source_are_dropped_from_the_prose():
+    assert drop_unknown_citations("a [1] b [9] c【7】 d [6] e [12345]", 6) == "a [1] b c d [6] e"
+    assert drop_unknown_citations("both [1][9], neither [8][9].", 6) == "both [1], neither."
+    assert drop_unknown_citations("no sources [1]", 0) == "no sources"
 
 
-def test_an_llm_citing_a_source_that_does_not_exist_is_marked(sample_brain, llm_env):
+def test_code_and_indexing_are_never_read_as_citations():
+    """`&v[0]` is an index, and code is shown as written: only the prose's [n] are citations."""
+    text = "Use `&v[0]` [1]:\n```rust\nlet first = &v[0]; // [2] [9]\n```\nas in arr[9], m[k][3] and f()[4] [9]."
+    assert drop_unknown_citations(text, 2) == text.replace(" [9].", ".")
+    assert cited_numbers(text, 8) == [1] and cited_numbers("~~~\n[2]\n~~~\n``x [3]`` [1]", 3) == [1]
+
+
+def test_an_llm_citing_a_source_that_does_not_exist_is_not_shown_a_dead_number(sample_brain, llm_env):
     with OpenAIDouble(["《花样年华》[1]，还有《教父》[9]。"]) as double:
         llm_env(double)
         response = Brain(sample_brain.home).ask("我想看哪些电影？", 4)
     sent = double.requests[0]["body"]["messages"][-1]["content"]
     assert len(response.citations) == sent.count("<source id=") < 9
-    assert response.answer == f"《花样年华》[1]，还有《教父》{UNKNOWN_CITATION}。"
+    assert response.answer == "《花样年华》[1]，还有《教父》。"
     assert response.coverage["cited"] == [1] and response.to_dict()["answer"] == response.answer
+
+
+def test_code_in_answers_is_shown_word_for_word(sample_brain, llm_env):
+    """The note's code in a passage answer, and the code an LLM writes, keep every bracket, < and !."""
+    passages = sample_brain.ask("rust borrowing rules push_twice", 3)
+    assert passages.mode == "extractive"
+    assert "fn push_twice(v: &mut Vec<i32>) {" in passages.answer and "let first = &v[0];" in passages.answer
+    written = "Borrow it [1]:\n```rust\nlet first = &v[0];\nprintln!(\"{first}\"); // (careful!)\n```"
+    with OpenAIDouble([written]) as double:
+        llm_env(double)
+        response = Brain(sample_brain.home).ask("rust borrowing rules push_twice", 3)
+    assert response.answer == written and response.coverage["cited"] == [1]
 
 
 def test_cli_ask_json(sample_home):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rag_app.answers.sessions import SessionStore, condense_without_llm, refers_back, subject_of
+from rag_app.answers.sessions import SessionStore, condense_without_llm, refers_back, stands_alone, subject_of
 from rag_app.engine import Brain, SessionError, SessionNotFound
 from tests.conftest import REPO, SAMPLE_VAULT
 from tests.doubles.openai_server import OpenAIDouble
@@ -201,7 +201,21 @@ def test_without_an_llm_a_question_the_notes_answer_by_itself_starts_a_new_subje
              "citations": [{"n": 1, "title": "电影清单", "strength": "strong"}]}
     assert condense_without_llm("番茄炒蛋怎么做", [first], stands_alone=True) == "番茄炒蛋怎么做"
     assert condense_without_llm("番茄炒蛋怎么做", [first], stands_alone=False).startswith("番茄炒蛋怎么做 电影清单")
-    assert condense_without_llm("那第三部呢？", [first], stands_alone=True).startswith("那第三部呢？ 电影清单")
+
+
+def test_a_question_starts_a_new_subject_only_when_its_own_leads_are_not_the_last_turns_notes() -> None:
+    coffee = {"question": "手冲咖啡水温多少度", "coverage": {},
+              "citations": [{"n": 1, "note_id": "coffee", "title": "咖啡冲煮记录", "strength": "strong"}]}
+
+    def lead(note_id: str, relevance: float) -> dict:
+        return {"note_id": note_id, "relevance": relevance}
+
+    assert stands_alone("番茄要选什么样的", [lead("tomato", 0.19), lead("x", 0.0)], "found", coffee, 0.02)
+    assert not stands_alone("那研磨度呢？", [lead("tomato", 0.9)], "found", coffee, 0.02)  # points back
+    assert not stands_alone("水温多少度", [lead("coffee", 0.14), lead("plants", 0.01)], "found", coffee, 0.02)
+    assert not stands_alone("要多少钱", [lead("pack", 0.2), lead("coffee", 0.28)], "found", coffee, 0.02)
+    assert not stands_alone("导演是谁", [lead("x", 0.01)], "unsure", coffee, 0.02)  # no lead of its own
+    assert not stands_alone("导演是谁", [], "not_found", coffee, 0.02)
 
 
 def test_a_new_subject_in_a_conversation_is_searched_as_asked(talk_home: Path) -> None:
@@ -287,7 +301,7 @@ def test_half_an_llm_configuration_says_what_is_missing(talk_home, monkeypatch):
     monkeypatch.setenv("LLM_BASE_URL", "http://user:SECRET@127.0.0.1:9/v1")
     brain = Brain(talk_home)
     assert brain.llm_state() == {"configured": False, "missing": ["LLM_MODEL"], "model": None,
-                                 "base_url": "http://127.0.0.1:9/v1"}
+                                 "base_url": "http://127.0.0.1:9/v1", "error": None}
     response = brain.ask(FIRST, 2)
     assert (response.mode, response.coverage["llm"], response.coverage["llm_missing"]) == (
         "extractive", "incomplete", ["LLM_MODEL"])
@@ -296,7 +310,7 @@ def test_half_an_llm_configuration_says_what_is_missing(talk_home, monkeypatch):
     monkeypatch.delenv("LLM_BASE_URL")
     monkeypatch.setenv("LLM_MODEL", "qwen2.5")
     assert Brain(talk_home).llm_state() | {"model": None} == {"configured": False, "missing": ["LLM_BASE_URL"],
-                                                              "model": None, "base_url": None}
+                                                              "model": None, "base_url": None, "error": None}
 
 
 def test_an_unreachable_llm_is_named_as_such_and_the_turn_is_kept(talk_home, monkeypatch):

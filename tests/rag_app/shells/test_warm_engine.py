@@ -85,6 +85,59 @@ def warm_home(tmp_path_factory: pytest.TempPathFactory, sample_home: Path) -> It
     stop(process)
 
 
+FOLLOW_UPS = [tuple(line.split(" → ")) for line in """
+手冲咖啡水温多少度 → 那研磨度呢？
+我想看哪些电影？ → 第二部是谁导演的？
+京都去了哪些寺庙 → 要多少钱
+成都三日吃了什么 → 第二天去了哪里
+我家猫多重 → 它每天吃多少
+番茄炒蛋怎么做 → 要放糖吗
+rust borrow checker rules → what about lifetimes?
+how do I undo the last git commit → and the remote branch?
+跑步配速 → 那心率呢
+出门旅行要带什么 → 证件呢
+三体里的黑暗森林 → 作者是谁
+日语学习方法 → 每天学多久
+家里的路由器怎么设置 → 这个型号是什么
+docker 怎么删除停止的容器 → 镜像呢？
+每个月存多少钱 → 那基金呢
+""".strip().splitlines()]
+NEW_TOPICS = [tuple(line.split(" → ")) for line in """
+手冲咖啡水温多少度 → 番茄要选什么样的
+我想看哪些电影？ → 番茄炒蛋怎么做
+京都去了哪些寺庙 → 我家猫多重
+成都三日吃了什么 → how do I undo the last git commit
+跑步配速 → 家里的路由器怎么设置
+rust borrow checker rules → 日语学习方法
+三体里的黑暗森林 → 支付超时事故的根因是什么
+我家猫多重 → how to limit API request rate
+番茄炒蛋怎么做 → 跑步配速
+出门旅行要带什么 → 每个月存多少钱
+docker 怎么删除停止的容器 → 植物怎么浇水
+日语学习方法 → 京都去了哪些寺庙
+how to limit API request rate → 三体里的黑暗森林
+which of my plants are hard to kill → 手冲咖啡水温多少度
+家里的路由器怎么设置 → rust borrow checker rules
+""".strip().splitlines()]
+
+
+def test_a_conversation_searches_a_new_topic_as_asked_and_gives_a_follow_up_its_subject(warm_home: Path):
+    """30 two-turn conversations through `brain ask --session` (no LLM): every new topic is searched bare, and at
+    least 90 % of follow-ups (pronouns, 呢, ordinals, or elliptical: 要多少钱, 作者是谁) are given the last subject."""
+
+    def second_turn(n: int, first: str, second: str) -> str:
+        session = f"pair-{n}"
+        assert brain(warm_home, "ask", first, "--session", session, "--json").returncode == 0
+        done = brain(warm_home, "ask", second, "--session", session, "--json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)["coverage"]["condensed_query"]
+
+    new = {second: second_turn(n, first, second) for n, (first, second) in enumerate(NEW_TOPICS)}
+    assert {q: c for q, c in new.items() if c != q} == {}
+    given = [second_turn(100 + n, first, second) != second for n, (first, second) in enumerate(FOLLOW_UPS)]
+    assert sum(given) >= 0.9 * len(FOLLOW_UPS), [q for (_, q), ok in zip(FOLLOW_UPS, given, strict=True) if not ok]
+
+
 # ------------------------------------------------------------------------------------------------ the same answers
 
 
