@@ -47,13 +47,13 @@ class SyncBusyError(Exception):
 
 
 class Progress(Protocol):
-    def start(self, total: int, description: str) -> None: ...
+    def start(self, total: int, description: str, unit: str = "chunk") -> None: ...
     def advance(self, count: int) -> None: ...
     def close(self) -> None: ...
 
 
 class NoProgress:
-    def start(self, total: int, description: str) -> None:
+    def start(self, total: int, description: str, unit: str = "chunk") -> None:
         pass
 
     def advance(self, count: int) -> None:
@@ -341,7 +341,7 @@ class _Applier:
 
             self._chunker = chunking_pipeline(self.settings.chunk_max_chars, self.settings.chunk_overlap,
                                               docstore=self.docstore)
-        self.progress.start(len(records), f"bm25 {source}")
+        self.progress.start(len(records), f"bm25 {source}", unit="note")
         warnings: list[str] = []
         wanted = {r.id: r for r in records}
         planned = _planned(documents if documents is not None else (r.to_document() for r in records), wanted)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import shutil
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,11 +38,11 @@ class TqdmProgress:
     def __init__(self) -> None:
         self._bar: Any = None
 
-    def start(self, total: int, description: str) -> None:
+    def start(self, total: int, description: str, unit: str = "chunk") -> None:
         from tqdm import tqdm
 
         self.close()
-        self._bar = tqdm(total=total, desc=description, unit="chunk", file=sys.stderr, dynamic_ncols=True)
+        self._bar = tqdm(total=total, desc=description, unit=unit, file=sys.stderr, dynamic_ncols=True)
 
     def advance(self, count: int) -> None:
         if self._bar is not None:
@@ -65,6 +66,7 @@ def _open(ctx: click.Context, create: bool = False) -> Brain:
     if not create and not brain.home.is_dir():
         _fail(f"no home at {brain.home.absolute()}: `brain sync --vault DIR` (or --memos URL) with this home creates "
               f"it{_demo_hint(brain.home)}", EXIT_USAGE)
+    ctx.obj["created_home"] = brain.home.absolute() if not brain.home.exists() else None
     brain.home.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(brain.settings.log_path, encoding="utf-8", delay=True)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -104,20 +106,23 @@ def _plain(value: object, keep_lines: bool = False) -> str:
     return _CONTROL.sub(" ", text)
 
 
-def _fail(message: str, code: int) -> NoReturn:
+def _fail(message: str, code: int, as_json: bool = False) -> NoReturn:
+    if as_json:
+        _print_json({"error": message, "exit_code": code})
     click.echo(f"brain: {_plain(message)}", err=True)
     sys.exit(code)
 
 
 @contextmanager
-def _reported() -> Iterator[None]:
-    """The engine's errors as one line on stderr and the documented exit code (busy 3, bad input or setup 2)."""
+def _reported(as_json: bool = False) -> Iterator[None]:
+    """The engine's errors as one line on stderr and the documented exit code (busy 3, bad input or setup 2); with
+    `as_json`, also as {"error", "exit_code"} on stdout, so a script reading the JSON is not left with nothing."""
     try:
         yield
     except SyncBusyError as exc:
-        _fail(str(exc), EXIT_BUSY)
+        _fail(str(exc), EXIT_BUSY, as_json)
     except (ConfigError, SearchError, StoreError) as exc:
-        _fail(str(exc), EXIT_USAGE)
+        _fail(str(exc), EXIT_USAGE, as_json)
 
 
 def _print_json(data: Any) -> None:
@@ -150,6 +155,26 @@ def sync(ctx: click.Context, vaults: tuple[str, ...], memos: tuple[str, ...], na
          allow_deletes: tuple[str, ...], as_json: bool, progress: bool | None, verbose: bool) -> None:
     """Index new and changed notes; remove deleted ones. Only the sources of this run are touched."""
     brain = _open(ctx, create=True)
+    with _home_kept_only_if_used(ctx):
+        _sync(brain, vaults, memos, names, allow_deletes, as_json, progress, verbose)
+
+
+@contextmanager
+def _home_kept_only_if_used(ctx: click.Context) -> Iterator[None]:
+    """A home this command created is removed again when it exits on bad input (a missing vault, no sources, a typo
+    in --home): nothing was synced into it, and an empty folder would pass for a home later."""
+    try:
+        yield
+    except SystemExit as exc:
+        created = ctx.obj.get("created_home")
+        if exc.code == EXIT_USAGE and created is not None:
+            logging.getLogger("cflow_brain").handlers.clear()
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+
+
+def _sync(brain: Brain, vaults: tuple[str, ...], memos: tuple[str, ...], names: tuple[str, ...],
+          allow_deletes: tuple[str, ...], as_json: bool, progress: bool | None, verbose: bool) -> None:
     show_progress = sys.stderr.isatty() if progress is None else progress
 
     def on_source(result: SourceReport) -> None:
@@ -157,7 +182,7 @@ def sync(ctx: click.Context, vaults: tuple[str, ...], memos: tuple[str, ...], na
             click.echo(_source_line(result, verbose))
 
     try:
-        with _reported():
+        with _reported(as_json):
             report = brain.sync(vaults, memos, names, progress=TqdmProgress() if show_progress else None,
                                 on_source=on_source, allow_deletes=allow_deletes)
     except KeyboardInterrupt:  # a second Ctrl-C: out at once, with the documented code (not Click's "Aborted!", 1)

@@ -712,14 +712,15 @@ class PageProgress:
         self._bar = bar
         self._total = self._done = 0
         self._description = ""
+        self._unit = "chunks"
 
-    def start(self, total: int, description: str) -> None:
-        self._total, self._done, self._description = total, 0, description
-        self._bar((0, total), desc=description, unit="chunks")
+    def start(self, total: int, description: str, unit: str = "chunk") -> None:
+        self._total, self._done, self._description, self._unit = total, 0, description, f"{unit}s"
+        self._bar((0, total), desc=description, unit=self._unit)
 
     def advance(self, count: int) -> None:
         self._done += count
-        self._bar((self._done, self._total), desc=self._description, unit="chunks")
+        self._bar((self._done, self._total), desc=self._description, unit=self._unit)
 
     def close(self) -> None:
         self._bar(None)

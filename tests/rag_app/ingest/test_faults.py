@@ -123,7 +123,9 @@ def test_two_sync_processes_one_writes_the_other_waits_then_reports_busy(home, t
     out, err = first.communicate(timeout=300)
     assert first.returncode == 0, err
     assert json.loads(out)["sources"][0]["added"] == 60
-    assert second.returncode == 3 and second.stdout == ""
+    refused = json.loads(second.stdout)  # --json: the refusal as JSON too, not an empty stdout
+    assert second.returncode == 3 and refused["exit_code"] == 3
+    assert f"another sync is running on {home} (pid {first.pid}); waited 1 s" in refused["error"]
     assert f"another sync is running on {home} (pid {first.pid}); waited 1 s" in second.stderr
     assert waited >= 1.0
     assert convergence_problems(home, titles) == []

@@ -353,6 +353,18 @@ def test_a_command_that_reads_never_creates_a_home(tmp_path, command):
     assert not typo.exists()
 
 
+@pytest.mark.parametrize("args", [["--vault", "no-such-vault"], [], ["--memos", "memos.example.com"]],
+                         ids=["missing vault", "no sources", "not a URL"])
+def test_a_sync_refused_for_bad_input_leaves_no_home_behind(tmp_path, args):
+    typo = tmp_path / "hmoe"
+    done = brain(typo, "sync", *args, cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.startswith("brain: ")
+    assert not typo.exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    assert brain(kept, "sync", *args, cwd=tmp_path).returncode == 2 and kept.is_dir()  # a home that was there stays
+
+
 def test_sync_creates_the_home_it_is_pointed_at(tmp_path, make_vault):
     nested = tmp_path / "new" / "home"
     assert brain(nested, "sync", "--vault", str(make_vault({"a.md": "# A\n\nalpha"}))).returncode == 0
