@@ -504,6 +504,9 @@ def test_citation_links_per_source_kind() -> None:
     ("a ` b ``<img src=x>``", r"a \` b `<img src=x>`"),
     ("~~ not a fence ~~\n\\`<img src=x>`", r"\~\~ not a fence \~\~" "\n" r"\\\`\<img src=x>\`"),
     ("~~~~ python title\nx = [1] < 2\n~~~~", "```python\nx = [1] < 2\n```\n"),
+    ("`a\r\r<img src=x>`", "\\`a\n\n\\<img src=x>\\`"),  # a lone CR is a line end: found by a red-team fuzzer
+    ("`a\r<script>alert(1)</script>\rb`", "\\`a\n\\<script>alert(1)\\</script>\nb\\`"),
+    ("| a | b |\n|---|---|\n| `x|<img src=x>` | c |", "| a | b |\n|---|---|\n| \\`x|\\<img src=x>\\` | c |"),
 ])
 def test_answers_are_shown_without_images_html_or_foreign_links(written: str, shown: str) -> None:
     assert app.safe_markdown(written) == shown

@@ -357,8 +357,8 @@ def _print_results(response: Any) -> None:
         closest = ", ".join(_plain(r["title"]) for r in response.results[:3])
         click.echo(f"not sure your notes cover this — closest: {closest}")
     for n, result in enumerate(response.results, 1):
-        where = result.get("path") or result.get("url") or ""
-        click.echo(f"{n:>2}. {_plain(result['title'])}  [{_plain(result['source'])}] {_plain(where)}  "
+        where = result["note_id"] + (f"  {result['url']}" if result.get("url") else "")  # the id `brain get` takes
+        click.echo(f"{n:>2}. {_plain(result['title'])}  {_plain(where)}  "
                    f"{result['strength']} ({result['relevance']:.2f})")
         click.echo(f"    {_plain(readable_excerpt(result['excerpt'])[:200])}")
 

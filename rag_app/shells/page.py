@@ -33,7 +33,7 @@ from starlette.responses import JSONResponse  # noqa: E402
 from starlette.types import ASGIApp, Message, Receive, Scope, Send  # noqa: E402
 
 from rag_app.answers.answer import cited_numbers, excerpt_markdown  # noqa: E402
-from rag_app.answers.code_spans import render, split_code  # noqa: E402
+from rag_app.answers.code_spans import Part, render, split_code  # noqa: E402
 from rag_app.engine import (  # noqa: E402
     Brain,
     ConfigError,
@@ -283,14 +283,17 @@ def urls_in(text: str) -> set[str]:
 def safe_markdown(text: str, allowed: Iterable[str] = ()) -> str:
     """LLM (or note) text as markdown the page can show without the browser fetching anything.
 
-    Code (fenced blocks, inline spans) is shown exactly as written, in fences no text inside can close. In the prose
+    Code (fenced blocks, inline spans) is shown exactly as written, in fences no text inside can close (inline code
+    holding `|` is prose: a table row would split it there and leave its rest unescaped). In the prose
     no image and no raw HTML survives (every `[`, `]`, `!`, `<`, backtick, `~` and backslash is escaped, which also
     disarms reference links, footnotes and code the splitter did not see). A link, written as markdown or bare, stays
     a link only if its URL is in `allowed` (the cited notes' own links and the URLs written in them), else its label
     stays as plain text. Bare URLs, www. and e-mail addresses are kept from being auto-linked. Headings, lists and
     emphasis still render."""
     allowed = frozenset(allowed)
-    parts = split_code(text)
+    text = text.replace("\r\n", "\n").replace("\r", "\n")  # a lone CR ends a line for the renderer too
+    parts = [part if part.kind != "inline" or "|" not in part.text else Part(part.raw)  # a table cell splits at |
+             for part in split_code(text)]
     return render([replace(part, text=_safe_prose(part.text, allowed)) if part.kind == "prose" else part
                    for part in parts])
 

@@ -167,6 +167,13 @@ def test_a_second_ctrl_c_stops_a_sync_at_once_with_the_documented_code(home, mak
     assert rest["sources"][0]["failed"] is False and rest["sources"][0]["unchanged"] == 60
 
 
+def test_the_text_output_names_each_note_by_the_id_get_takes(sample_home):
+    shown = brain(sample_home, "search", "观影", "-k", "2").stdout.splitlines()[0]
+    assert shown.startswith(" 1. 电影清单  vault:sample_vault/生活/电影清单.md  ")
+    opened = brain(sample_home, "get", shown.split()[2])
+    assert opened.returncode == 0 and opened.stdout.startswith("电影清单")
+
+
 def test_a_memos_url_that_is_not_one_is_refused_and_never_remembered(home):
     for bad in ("not-a-url", "memos.example.com", "ftp://memos.example.com", "http://exa mple.com"):
         done = brain(home, "sync", "--memos", bad)
