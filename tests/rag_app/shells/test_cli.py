@@ -111,10 +111,9 @@ def test_terminal_output_never_carries_escape_sequences_or_split_lines(home, mak
     assert any("\x1b" in r["title"] for r in as_json["results"])  # JSON keeps the data exactly, escaped
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_signalled_sync_stops_within_seconds_and_the_next_one_finishes_the_rest(home, make_vault, signum):
-    """Keyword search covers every note before the slow default model starts; a signal ends the fill after the
-    batch in hand (exit 130), and the next sync embeds only what is missing."""
+def filling_sync(home: Path, make_vault) -> tuple[subprocess.Popen[str], dict]:
+    """A sync of 60 notes with the slow default model, returned once its fill has committed a first batch, with the
+    channels `status` reported then."""
     vault = make_vault({f"n{i:02d}.md": f"# Note {i}\n\nzettel{i} " + "words about this and that. " * 12
                         for i in range(60)})
     (home / "config.toml").write_text('[embedding]\nmodel = "e5-small"\nsecond_model = ""\n', encoding="utf-8")
@@ -128,6 +127,14 @@ def test_a_signalled_sync_stops_within_seconds_and_the_next_one_finishes_the_res
             break
         assert sync.poll() in (None, 0), sync.communicate()[1]  # a sync that died says why
         time.sleep(0.3)
+    return sync, channels
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signalled_sync_stops_within_seconds_and_the_next_one_finishes_the_rest(home, make_vault, signum):
+    """Keyword search covers every note before the slow default model starts; a signal ends the fill after the
+    batch in hand (exit 130), and the next sync embeds only what is missing."""
+    sync, channels = filling_sync(home, make_vault)
     assert channels["bm25"] == {"chunks": 60, "complete": True}
     signalled = time.monotonic()
     sync.send_signal(signum)
@@ -145,18 +152,7 @@ def test_a_signalled_sync_stops_within_seconds_and_the_next_one_finishes_the_res
 
 
 def test_a_second_ctrl_c_stops_a_sync_at_once_with_the_documented_code(home, make_vault):
-    vault = make_vault({f"n{i:02d}.md": f"# Note {i}\n\nzettel{i} " + "words about this and that. " * 12
-                        for i in range(60)})
-    (home / "config.toml").write_text('[embedding]\nmodel = "e5-small"\nsecond_model = ""\n', encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if k not in ("CFLOW_API_TOKEN", "MEMOS_TOKEN", "BRAIN_HOME")}
-    sync = subprocess.Popen([*BRAIN, "--home", str(home), "sync", "--vault", str(vault)], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        if json.loads(brain(home, "status", "--json").stdout).get("channels", {}).get("e5-small", {}).get("chunks"):
-            break
-        assert sync.poll() in (None, 0), sync.communicate()[1]
-        time.sleep(0.3)
+    sync, _ = filling_sync(home, make_vault)
     sync.send_signal(signal.SIGINT)
     time.sleep(0.2)
     sync.send_signal(signal.SIGINT)
