@@ -55,8 +55,8 @@ class AnswerResponse:
         """`not_found` and `answer_state` at the top, as in a search's JSON (also kept in `coverage`)."""
         return {"answer": self.answer, "citations": self.citations, "coverage": self.coverage, "mode": self.mode,
                 "not_found": bool(self.coverage.get("not_found")),
-                "answer_state": self.coverage.get("answer_state") or ("not_found" if self.mode == "not_found" else
-                                                                      "found")}
+                "answer_state": self.coverage.get("answer_state") or (
+                    self.mode if self.mode in ("not_found", "unsure") else "found")}
 
 
 def citations_from(results: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ import pytest
 from rag_app.answers.answer import (
     NO_NOTES,
     NOT_FOUND,
+    AnswerResponse,
     build_context,
     cited_numbers,
     drop_unknown_citations,
@@ -48,6 +49,13 @@ def test_without_an_llm_the_answer_is_extractive_and_cited(sample_brain):
     assert set(response.to_dict()) == {"answer", "citations", "coverage", "mode", "not_found", "answer_state"}
     assert response.to_dict()["answer_state"] == "found" and response.to_dict()["not_found"] is False
     assert {c["strength"] for c in response.citations} <= {"strong", "related", "weak"}
+
+
+@pytest.mark.parametrize("mode, state", [("unsure", "unsure"), ("not_found", "not_found"), ("extractive", "found")])
+def test_a_stored_turn_without_a_state_reports_the_one_its_mode_says(mode, state):
+    """Turns stored before answer states existed carry only a mode: an unsure one must not come back as found."""
+    response = AnswerResponse(answer="…", citations=[], coverage={"not_found": mode == "not_found"}, mode=mode)
+    assert response.to_dict()["answer_state"] == state
 
 
 def test_llm_answer_sends_fenced_bounded_sources_and_maps_citations(sample_brain, llm_env):
