@@ -443,7 +443,10 @@ class _Applier:
         self.progress.close()
 
     def _fill_queue(self, model: str, queue: deque[str], sizes: dict[str, int], index: Any, pipeline: Any) -> None:
-        """Embed the queued notes in batches of about `FILL_BATCH_SECONDS`, each committed, until done or stopped."""
+        """Embed the queued notes in batches of about `FILL_BATCH_SECONDS`, each committed, until done or stopped.
+
+        A batch is bounded in chunks, not notes: a long note is embedded in slices, the stop request honoured between
+        them; a note stopped part-way keeps the vectors it got by content (`_keep_partial`), so no slice is lost."""
         from rag_app.ingest.pipeline import nodes_from_rows
 
         batch_chunks, done, started = FIRST_FILL_BATCH, 0, time.monotonic()
@@ -453,34 +456,46 @@ class _Applier:
             while queue and (not batch or chunks + sizes[queue[0]] <= batch_chunks):
                 chunks += sizes[queue[0]]
                 batch.append(queue.popleft())
-            batch_started = time.monotonic()
             index.forget(batch)  # vectors a crashed run added but never recorded
             nodes = nodes_from_rows(self.manifest.chunks_for_notes(batch))
-            reused = self._reuse_vectors(nodes, model, index)
+            added = self._add_reused(nodes, model, index)
             fresh = [n for n in nodes if n.embedding is None]
-            if fresh:
+            for start in range(0, len(fresh), batch_chunks):
+                if self.stop:
+                    break
+                part, part_started = fresh[start : start + batch_chunks], time.monotonic()
                 try:
-                    pipeline.run(nodes=fresh)
+                    pipeline.run(nodes=part)
                 except Exception as exc:
-                    self._keep_partial(model, batch, nodes, getattr(exc, "partial", {}), index)
+                    self._keep_partial(model, batch, nodes, getattr(exc, "partial", {}), index, added)
                     raise
-            if reused:
-                index.vector_store().add(reused)
-                self.report.reused_vectors += len(reused)
+                added.update(n.id_ for n in part)
+                self.progress.advance(len(part))
+                rate = len(part) / max(time.monotonic() - part_started, 1e-3)
+                batch_chunks = max(MIN_FILL_BATCH, min(MAX_FILL_BATCH, int(rate * FILL_BATCH_SECONDS)))
+            if any(n.embedding is None for n in nodes):  # stopped inside a long note
+                self._keep_partial(model, batch, nodes, {}, index, added)
+                return
             done += len(nodes)
             with self.manifest.transaction():
                 self.manifest.add_model(batch, model)
                 self.manifest.set_meta(f"fill_rate:{model}", f"{done / max(time.monotonic() - started, 1e-3):.3f}")
             self.report.vectors[model] = self.report.vectors.get(model, 0) + len(nodes)
-            self.progress.advance(len(nodes))
-            rate = len(nodes) / max(time.monotonic() - batch_started, 1e-3)
-            batch_chunks = max(MIN_FILL_BATCH, min(MAX_FILL_BATCH, int(rate * FILL_BATCH_SECONDS)))
+
+    def _add_reused(self, nodes: list[Any], model: str, index: Any) -> set[str]:
+        """Write the vectors `_reuse_vectors` found; the ids of the nodes now in the store."""
+        reused = self._reuse_vectors(nodes, model, index)
+        if reused:
+            index.vector_store().add(reused)
+            self.report.reused_vectors += len(reused)
+            self.progress.advance(len(reused))
+        return {n.id_ for n in reused}
 
     def _keep_partial(self, model: str, batch: list[str], nodes: list[Any], partial: dict[str, list[float]],
-                      index: Any) -> None:
-        """A batch failed part-way (an embedding server died): commit the notes whose chunks all got vectors before
-        it did, and keep the other vectors it got by content (as for deleted notes), so the next sync embeds none of
-        them again."""
+                      index: Any, added: set[str]) -> None:
+        """A batch ended part-way (an embedding server died, or a stop inside a long note): commit the notes whose
+        chunks all got vectors, and keep the other vectors by content (as for deleted notes), so the next sync embeds
+        none of them again. A half-embedded note leaves no vectors in the index: it is filled whole or not at all."""
         import numpy as np
         from llama_index.core.schema import MetadataMode
 
@@ -495,15 +510,19 @@ class _Applier:
         if kept:
             with self.manifest.transaction():
                 self.manifest.retain_vectors(model, kept)
+        if lacking:
+            index.forget(sorted(lacking))
         whole = [note for note in batch if note not in lacking]
         if not whole:
             return
-        index.vector_store().add([n for n in nodes if n.ref_doc_id not in lacking])
+        new = [n for n in nodes if n.ref_doc_id not in lacking and n.id_ not in added]
+        if new:
+            index.vector_store().add(new)
+            self.progress.advance(len(new))
         with self.manifest.transaction():
             self.manifest.add_model(whole, model)
         count = sum(1 for n in nodes if n.ref_doc_id not in lacking)
         self.report.vectors[model] = self.report.vectors.get(model, 0) + count
-        self.progress.advance(count)
 
     def _reuse_vectors(self, nodes: list[Any], model: str, index: Any) -> list[Any]:
         """Nodes whose very text is already embedded elsewhere in the home, or was in a note deleted lately (kept

@@ -304,6 +304,48 @@ def test_a_stopped_first_sync_keeps_its_batches_and_the_next_resumes_without_red
     assert Brain(home).status()["channels"]["use-m3"] == {"chunks": 12, "complete": True, "seconds_left": 0}
 
 
+def test_a_stop_inside_a_long_note_ends_after_one_slice_and_loses_no_vector(home, make_vault, monkeypatch):
+    """Batches are bounded in chunks, not notes: a note of 20 chunks is embedded in slices of 4, a stop is honoured
+    after the slice in hand (not after the whole note), the note is not half in the index, and the next sync reuses
+    the slice's vectors and embeds only the rest."""
+    import rag_app.ingest.sync as sync_module
+    from rag_app.ingest.sync import StopRequested
+
+    long_note = "# Long\n\n" + "\n\n".join(f"## Part {i}\n\n" + f"paragraph {i} " * 60 for i in range(20))
+    vault = make_vault({"long.md": long_note})
+    for name in ("FIRST_FILL_BATCH", "MIN_FILL_BATCH", "MAX_FILL_BATCH"):
+        monkeypatch.setattr(sync_module, name, 4)
+    stop = StopRequested()
+
+    class StopAfterOneSlice:
+        """Counts what the fill reports and asks to stop at its first slice."""
+
+        def __init__(self) -> None:
+            self.step, self.slices = "", []
+
+        def start(self, total: int, description: str, unit: str = "chunk") -> None:
+            self.step = description
+
+        def advance(self, count: int) -> None:
+            if self.step == "use-m3":
+                self.slices.append(count)
+                stop.set()
+
+        def close(self) -> None:
+            pass
+
+    progress = StopAfterOneSlice()
+    first = Brain(home).sync(vaults=(str(vault),), stop=stop, progress=progress)
+    chunks = len(manifest_chunk_ids(home))
+    assert chunks >= 16
+    assert first.interrupted and first.vectors.get("use-m3", 0) == 0
+    assert progress.slices == [4] and chroma_ids(home) == set()  # one slice embedded, none of it half-indexed
+
+    second = Brain(home).sync(vaults=(str(vault),))
+    assert (second.interrupted, second.reused_vectors, second.vectors) == (False, 4, {"use-m3": chunks})
+    assert chroma_ids(home) == manifest_chunk_ids(home)
+
+
 def test_a_bm25_index_saved_before_its_stamp_was_recorded_still_counts_as_complete(home, make_vault):
     """Homes from older versions have the saved index but no `bm25_saved` record: status reads the index's own stamp
     (before, such a home showed BM25 0/N until its next sync), and a no-change sync does not rebuild it."""
