@@ -35,7 +35,7 @@ from readers.records import NoteRecord, SourceListing, decode_list, encode_list
 log = logging.getLogger("cflow_brain.sync")
 WRITE_BATCH_NOTES = 500  # notes chunked and committed at once (no model: fast)
 FILL_BATCH_SECONDS = 2.0  # a fill batch is sized to take about this long, so a stop request is honoured soon
-FIRST_FILL_BATCH, MIN_FILL_BATCH, MAX_FILL_BATCH = 16, 8, 512
+FIRST_FILL_BATCH, MIN_FILL_BATCH, MAX_FILL_BATCH = 4, 2, 512  # the first slice runs before the rate is known
 MASS_DELETE_SHARE, MASS_DELETE_MIN = 0.5, 3  # a listing that would delete this share and this many notes is held
 FILL_ERROR = "fill_error:"  # meta key prefix: the last fill failure per model, cleared once its fill completes
 RETAIN_SECONDS = 7 * 86_400  # deleted chunks' vectors are kept this long, by content, for notes that come back

@@ -85,6 +85,13 @@ def strength(relevance: float) -> str:
     return "strong" if relevance >= STRONG else "related" if relevance >= RELATED else "weak"
 
 
+def reading_order(results: list[dict]) -> list[dict]:
+    """Results in the order a person should read them: strong, then related, then weak, each tier in fused-rank
+    order (a lone related note under five weak ones is the one to open first; measured in docs/retrieval.md)."""
+    tier = {"strong": 0, "related": 1, "weak": 2}
+    return sorted(results, key=lambda r: tier[r["strength"]])
+
+
 def topical(similarity: float) -> float:
     """The relevance a topical match alone gives (0 below TOPIC_RELATED): "related" (about what you asked), never
     "strong" (that the note answers it takes the note's own words or meaning: the model above)."""

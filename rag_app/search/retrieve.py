@@ -621,6 +621,7 @@ class NoteFusionRetriever(QueryFusionRetriever):
             topics_used = self._by_topic(index, text, results, notes, evidence, pool)
         for result in results:
             result["strength"] = relevance.strength(result["relevance"])
+        results = relevance.reading_order(results)
         rate_ms = (time.perf_counter() - rated) * 1000
         total_ms = (time.perf_counter() - started) * 1000
         coverage = {

@@ -1,0 +1,85 @@
+"""Does an answer without an LLM show the line that answers? Measured through `Brain.ask` (extractive mode).
+
+Each pair of bench/answer_lines/*.tsv (`question<TAB>note path<TAB>a piece of the answering line`) is asked of a
+home holding that vault; the answer's passages (markdown emphasis removed, blanks collapsed) either show the line,
+show the right note without it, or do not show the right note at all (the search's miss, counted apart).
+
+usage: python bench/answer_lines.py HOME=bench/answer_lines/sample_vault.tsv [HOME=FILE ...] [--misses]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rag_app.engine import Brain  # noqa: E402
+
+
+def pairs(path: Path) -> list[tuple[str, str, str]]:
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.startswith("#"):
+            question, note, answer = line.split("\t")
+            rows.append((question.strip(), note.strip(), answer.strip()))
+    return rows
+
+
+def plain(markdown: str) -> str:
+    return " ".join(re.sub(r"\*\*|__", "", markdown).split())
+
+
+def passage_of(answer: str, n: int) -> str:
+    """The passage printed under source [n] in an extractive answer (up to the next source's heading)."""
+    parts = re.split(r"^\*\*.*\[(\d+)\]\s*$", answer, flags=re.MULTILINE)
+    for k in range(1, len(parts) - 1, 2):
+        if parts[k] == str(n):
+            return parts[k + 1]
+    return ""
+
+
+def measure(home: Path, file: Path, show_misses: bool) -> tuple[int, int, int]:
+    brain = Brain(home)
+    shown = note_only = 0
+    for question, note, answer in (rows := pairs(file)):
+        response = brain.ask(question)
+        cited = [c["n"] for c in response.citations if (c.get("path") or "") == note]
+        text = plain(passage_of(response.answer, cited[0])) if cited and response.mode == "extractive" else ""
+        if text and " ".join(answer.split()) in text:
+            shown += 1
+            continue
+        note_only += bool(text)
+        if show_misses:
+            where = "note shown, line not" if text else f"note not shown ({response.mode})"
+            print(f"  miss [{where}] {question} → {answer}\n    {text[:160]}")
+    brain.close()
+    return len(rows), shown, note_only
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("specs", nargs="+", help="HOME=pairs.tsv")
+    parser.add_argument("--misses", action="store_true", help="print each pair whose line is not shown")
+    args = parser.parse_args()
+    for name in [k for k in os.environ if k.startswith("LLM_")]:
+        del os.environ[name]  # extractive answers are what is measured
+    totals = [0, 0, 0]
+    print("| pairs | asked | line shown | right note shown without the line | right note not shown |")
+    print("|---|---|---|---|---|")
+    for spec in args.specs:
+        home, _, file = spec.partition("=")
+        asked, shown, note_only = measure(Path(home), Path(file), args.misses)
+        for i, v in enumerate((asked, shown, note_only)):
+            totals[i] += v
+        print(f"| {Path(file).stem} | {asked} | {shown} ({shown / asked:.0%}) | {note_only} | "
+              f"{asked - shown - note_only} |", flush=True)
+    asked, shown, note_only = totals
+    print(f"| all | {asked} | {shown} ({shown / max(asked, 1):.0%}) | {note_only} | {asked - shown - note_only} |")
+
+
+if __name__ == "__main__":
+    main()
