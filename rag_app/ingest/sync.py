@@ -460,10 +460,10 @@ class _Applier:
             nodes = nodes_from_rows(self.manifest.chunks_for_notes(batch))
             added = self._add_reused(nodes, model, index)
             fresh = [n for n in nodes if n.embedding is None]
-            for start in range(0, len(fresh), batch_chunks):
-                if self.stop:
-                    break
+            start = 0
+            while start < len(fresh) and not self.stop:
                 part, part_started = fresh[start : start + batch_chunks], time.monotonic()
+                start += len(part)
                 try:
                     pipeline.run(nodes=part)
                 except Exception as exc:
@@ -473,8 +473,10 @@ class _Applier:
                 self.progress.advance(len(part))
                 rate = len(part) / max(time.monotonic() - part_started, 1e-3)
                 batch_chunks = max(MIN_FILL_BATCH, min(MAX_FILL_BATCH, int(rate * FILL_BATCH_SECONDS)))
-            if any(n.embedding is None for n in nodes):  # stopped inside a long note
-                self._keep_partial(model, batch, nodes, {}, index, added)
+            if any(n.embedding is None for n in nodes):
+                if not self.stop:
+                    raise RuntimeError(f"{model} returned no vector for some chunks of {batch[0]}")
+                self._keep_partial(model, batch, nodes, {}, index, added)  # stopped inside a long note
                 return
             done += len(nodes)
             with self.manifest.transaction():

@@ -346,6 +346,22 @@ def test_a_stop_inside_a_long_note_ends_after_one_slice_and_loses_no_vector(home
     assert chroma_ids(home) == manifest_chunk_ids(home)
 
 
+def test_a_long_note_is_filled_whole_when_the_slice_size_changes_under_it(home, make_vault, monkeypatch):
+    """The slice size follows the measured rate: when it shrinks inside a note (a loaded machine), no chunk is
+    skipped and none embedded twice."""
+    import rag_app.ingest.sync as sync_module
+
+    long_note = "# Long\n\n" + "\n\n".join(f"## Part {i}\n\n" + f"paragraph {i} " * 60 for i in range(20))
+    vault = make_vault({"long.md": long_note, "short.md": "# Short\n\nA short note."})
+    monkeypatch.setattr(sync_module, "FIRST_FILL_BATCH", 8)
+    monkeypatch.setattr(sync_module, "MIN_FILL_BATCH", 2)
+    monkeypatch.setattr(sync_module, "FILL_BATCH_SECONDS", 1e-9)  # every measured rate asks for the smallest slice
+    report = Brain(home).sync(vaults=(str(vault),))
+    chunks = manifest_chunk_ids(home)
+    assert (report.interrupted, report.failed, report.vectors) == (False, False, {"use-m3": len(chunks)})
+    assert chroma_ids(home) == chunks
+
+
 def test_a_bm25_index_saved_before_its_stamp_was_recorded_still_counts_as_complete(home, make_vault):
     """Homes from older versions have the saved index but no `bm25_saved` record: status reads the index's own stamp
     (before, such a home showed BM25 0/N until its next sync), and a no-change sync does not rebuild it."""
