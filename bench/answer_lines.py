@@ -35,10 +35,10 @@ def plain(markdown: str) -> str:
 
 def passage_of(answer: str, n: int) -> str:
     """The passage printed under source [n] in an extractive answer (up to the next source's heading)."""
-    parts = re.split(r"^\*\*.*\[(\d+)\]\s*$", answer, flags=re.MULTILINE)
-    for k in range(1, len(parts) - 1, 2):
-        if parts[k] == str(n):
-            return parts[k + 1]
+    parts = re.split(r"^(\*\*.*)\[(\d+)\]\s*$", answer, flags=re.MULTILINE)
+    for k in range(1, len(parts) - 2, 3):
+        if parts[k + 1] == str(n):
+            return parts[k] + "\n" + parts[k + 2]  # the section shown above the passage counts as shown
     return ""
 
 
@@ -47,7 +47,8 @@ def measure(home: Path, file: Path, show_misses: bool) -> tuple[int, int, int]:
     shown = note_only = 0
     for question, note, answer in (rows := pairs(file)):
         response = brain.ask(question)
-        cited = [c["n"] for c in response.citations if (c.get("path") or "") == note]
+        cited = [c["n"] for c in response.citations  # a home may hold the vault one folder up (vault/…)
+                 if (c.get("path") or "") == note or (c.get("path") or "").endswith("/" + note)]
         text = plain(passage_of(response.answer, cited[0])) if cited and response.mode == "extractive" else ""
         if text and " ".join(answer.split()) in text:
             shown += 1

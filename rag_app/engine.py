@@ -519,10 +519,23 @@ class Brain:
         elif unsure:
             text, mode = answers.unsure_answer(citations), "unsure"
         else:
-            text = answers.extractive_answer(question, found.results, citations, notice, query)
+            scorer, notes = self._answering_lines(query, answers.answerable(found.results))
+            text = answers.extractive_answer(question, found.results, citations, notice, query, scorer, notes)
         if on_token is not None:
             on_token(text)
         return self._remember(session, turn_id, question, answers.AnswerResponse(text, citations, coverage, mode))
+
+    def _answering_lines(self, query: str, shown: list[dict[str, Any]]) -> tuple[Any, dict[str, str]]:
+        """What an extractive answer needs to show each note's answering line: a scorer for the query's lines
+        (answers.answer_lines) and the shown notes' full text."""
+        from rag_app.answers.answer_lines import LineScorer
+
+        with self._lock:
+            index = self.searcher()
+            keyword = index.keyword()
+            notes = {r["note_id"]: (index.manifest.note_doc(r["note_id"]) or ("",))[0] for r in shown}
+        scorer = LineScorer.for_question(query, keyword.idf, lambda lines: index.line_similarities(query, lines))
+        return scorer, notes
 
     def _condense(self, question: str, history: list[dict[str, Any]], llm: Any,
                   secret: str) -> tuple[str, str | None]:

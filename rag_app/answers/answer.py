@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rag_app.answers.answer_lines import LineScorer, sentences
 from rag_app.answers.code_spans import as_written, split_code
 from rag_app.config import LLMSection
 
@@ -154,9 +155,12 @@ def not_found_answer(citations: list[dict[str, Any]], leads: int = 3) -> str:
 
 
 def extractive_answer(question: str, results: list[dict[str, Any]], citations: list[dict[str, Any]],
-                      notice: str | None = None, query: str | None = None) -> str:
+                      notice: str | None = None, query: str | None = None, scorer: LineScorer | None = None,
+                      notes: dict[str, str] | None = None) -> str:
     """The best passages as markdown: each under its note's title and section, cut on markdown structure, links shown
-    as their text, the query's words in bold. `notice` says why there is no LLM answer (default: none configured)."""
+    as their text, the query's words in bold. `notice` says why there is no LLM answer (default: none configured).
+    With a `scorer` and the notes' full text (`notes`, by note id) each passage is the note's answering line in its
+    context (answer_lines), else the best chunk's best-matching part."""
     if not results:
         return NOT_FOUND
     head = f"Extractive answer: {notice}." if notice else (
@@ -167,7 +171,11 @@ def extractive_answer(question: str, results: list[dict[str, Any]], citations: l
         if citation["strength"] == "weak":
             continue  # a lead, not an answer: listed under the sources only
         chunks = result.get("chunks") or [{"text": citation["excerpt"]}]
-        section, text = passage(chunks[0]["text"], terms)
+        full = (notes or {}).get(result["note_id"])
+        if scorer is not None and full:
+            section, text = passage(full, terms, scorer=scorer, title=str(citation["title"] or ""))
+        else:
+            section, text = passage(chunks[0]["text"], terms)
         title = readable_inline(str(citation["title"] or ""))
         where = f" › {section}" if section and section != title else ""
         lines += [f"**{title}**{where} [{citation['n']}]", "", text, ""]
@@ -290,28 +298,35 @@ def _hits(text: str, terms: list[str]) -> int:
     return sum(1 for t in terms if t.lower() in lowered)
 
 
-def _fit_table(block: _Block, terms: list[str], limit: int) -> _Block:
-    """A table cut to its header and the rows that match (else its first rows), within `limit` characters."""
+def _fit_table(block: _Block, terms: list[str], limit: int, prefer: str | None = None) -> _Block:
+    """A table cut to its header and the rows that match (the answering row first, else its first rows), within
+    `limit` characters."""
     rows = block.lines
     has_rule = len(rows) > 1 and _TABLE_RULE.match(rows[1])
     header, body = (rows[:2], rows[2:]) if has_rule else ([], rows)
     matching = [r for r in body if _hits(r, terms)] or body
+    if prefer in body:
+        matching = [prefer, *(r for r in matching if r != prefer)]
     kept = list(header)
     for row in matching:
         if len("\n".join([*kept, row])) > limit and len(kept) > len(header):
             break
         kept.append(row)
+    kept = header + sorted(kept[len(header):], key=body.index)
     if len(kept) - len(header) < len(body):
         kept.append("| … |" if header else "…")
     return _Block("table", kept, block.section)
 
 
-def _fit_text(text: str, terms: list[str], limit: int) -> str:
-    """A paragraph or item longer than `limit`, cut on sentence ends around the first matching sentence."""
-    sentences = re.findall(r"[^。！？!?.；;\n]+[。！？!?.；;]?\s*", text) or [text]
-    first = next((k for k, s in enumerate(sentences) if _hits(s, terms)), 0)
+def _fit_text(text: str, terms: list[str], limit: int, prefer: str | None = None) -> str:
+    """A paragraph or item longer than `limit`, cut on sentence ends around the answering sentence (else the first
+    matching one)."""
+    pieces = sentences(text)
+    first = next((k for k, s in enumerate(pieces) if prefer is not None and s.strip() == prefer.strip()), None)
+    if first is None:
+        first = next((k for k, s in enumerate(pieces) if _hits(s, terms)), 0)
     kept = ""
-    for sentence in sentences[first:]:
+    for sentence in pieces[first:]:
         if kept and len(kept) + len(sentence) > limit:
             break
         kept += sentence
@@ -319,11 +334,11 @@ def _fit_text(text: str, terms: list[str], limit: int) -> str:
     return ("… " if first else "") + kept + (" …" if len(kept) < len(text.strip()) - (1 if first else 0) else "")
 
 
-def _fit(block: _Block, terms: list[str], limit: int) -> _Block:
+def _fit(block: _Block, terms: list[str], limit: int, prefer: str | None = None) -> _Block:
     if len(block.text) <= limit:
         return block
     if block.kind == "table":
-        return _fit_table(block, terms, limit)
+        return _fit_table(block, terms, limit, prefer)
     if block.kind == "code":
         kept = [block.lines[0]]
         for line in block.lines[1:-1]:
@@ -331,22 +346,53 @@ def _fit(block: _Block, terms: list[str], limit: int) -> _Block:
                 break
             kept.append(line)
         return _Block("code", [*kept, "…", block.lines[-1]], block.section)
-    return _Block(block.kind, [without_stray_markers(_fit_text(block.text, terms, limit))], block.section)
+    return _Block(block.kind, [without_stray_markers(_fit_text(block.text, terms, limit, prefer))], block.section)
 
 
-def passage(markdown: str, terms: list[str], limit: int = PASSAGE_CHARS) -> tuple[str, str]:
-    """(section heading, markdown): the part of a chunk that best matches `terms`, cut between whole blocks (a table
-    keeps its header, code its fences) within one section, the terms in bold (not inside code)."""
-    blocks = [b for b in _blocks(readable_inline(markdown)) if b.kind != "heading"]
+def _units(block: _Block) -> list[str]:
+    """The lines of a block that may answer on their own: a table's body rows, a paragraph's sentences, an item or a
+    code block whole."""
+    if block.kind == "table":
+        has_rule = len(block.lines) > 1 and _TABLE_RULE.match(block.lines[1])
+        return block.lines[2:] if has_rule else block.lines
+    if block.kind == "text" and len(block.text) > PASSAGE_CHARS // 2:
+        return sentences(block.text)
+    return [block.text]
+
+
+def passage(markdown: str, terms: list[str], limit: int = PASSAGE_CHARS, scorer: LineScorer | None = None,
+            title: str = "") -> tuple[str, str]:
+    """(section heading, markdown): the part of a note or chunk that best answers, cut between whole blocks (a table
+    keeps its header, code its fences) within one section, the terms in bold (not inside code). With a `scorer`
+    the block holding the best-scored line is chosen and that line is kept (answer_lines); without, the block with
+    the most of the terms."""
+    every = _blocks(readable_inline(markdown))
+    blocks = [b for b in every if b.kind != "heading"]
     if not blocks:
         return "", ""
-    best = max(range(len(blocks)), key=lambda k: (_hits(blocks[k].text, terms) + (
-        _hits(blocks[k].section, terms) if blocks[k].level > 1 else 0), -k))
+    prefer: dict[int, str | None] = {}
+    if scorer is not None:
+        units = [(k, unit) for k, block in enumerate(blocks) for unit in _units(block)]
+        # a heading answers for its section (京都去了哪些寺庙 → 第四天：银阁寺、…): it stands for its first block
+        first_of = {b.section: k for k, b in reversed(list(enumerate(blocks)))}
+        units += [(first_of[h.section], None) for h in every
+                  if h.kind == "heading" and h.level > 1 and h.section in first_of]
+        scores = scorer.scores([(blocks[k].section, blocks[k].section if unit is None else unit)
+                                for k, unit in units], title)
+        rank = dict.fromkeys(range(len(blocks)), float("-inf"))
+        for (k, unit), score in zip(units, scores, strict=True):
+            if score > rank[k]:
+                rank[k], prefer[k] = score, unit
+        best = max(range(len(blocks)), key=lambda k: (rank[k], -k))
+    else:
+        rank = {k: float(_hits(b.text, terms)) for k, b in enumerate(blocks)}
+        best = max(range(len(blocks)), key=lambda k: (_hits(blocks[k].text, terms) + (
+            _hits(blocks[k].section, terms) if blocks[k].level > 1 else 0), -k))
     section = blocks[best].section
-    chosen = {best: _fit(blocks[best], terms, limit)}
+    chosen = {best: _fit(blocks[best], terms, limit, prefer.get(best))}
     used = len(chosen[best].text)
     near = sorted((k for k, b in enumerate(blocks) if b.section == section and k != best),
-                  key=lambda k: (-_hits(blocks[k].text, terms), abs(k - best)))
+                  key=lambda k: (-rank[k], abs(k - best)))
     for k in near:
         if used + len(blocks[k].text) > limit:
             continue

@@ -195,6 +195,15 @@ class SearchIndex:
         topics = self.topics()
         return topics.best(vectors, notes) if topics is not None else {}
 
+    def line_similarities(self, question: str, lines: list[str]) -> list[float] | None:
+        """Cosines of lines to a question by the fast model (rag_app.answers.answer_lines), or None when the home has
+        none: the main model is too slow to read every line of a note per answer (e5: ~1 s for 24 lines)."""
+        if TOPIC_MODEL not in self.settings.models:
+            return None
+        query = _unit(np.asarray([self.embed_query(question, TOPIC_MODEL)], dtype=np.float32))[0]
+        vectors = _unit(np.asarray(self._embeds[TOPIC_MODEL].get_text_embedding_batch(lines), dtype=np.float32))
+        return (vectors @ query).tolist()
+
     def facts(self) -> list[NoteFacts]:
         """What filters look at, once per note (not per chunk: 100k chunks' metadata held 350 MB), reloaded when the
         index changed."""
