@@ -5,7 +5,7 @@ would write without seeing the notes (lines {"id", "variants"}). Two runs per qu
 (the code behind MCP and the FunctionTools):
 
 - bare: search_notes(query=question, k=10);
-- agent: search_notes(queries=[question, *variants], k=10), then get_note for the strong hits, at most 3.
+- agent: search_notes(query=question, queries=variants, k=10), then get_note for the strong hits, at most 3.
 
 Reported: nDCG@10, recall@10 and what the agent read per question: characters of every tool reply, and tokens
 estimated as characters ÷ 1.5 for Chinese and ÷ 4 for other text (no tokenizer ships offline here).
@@ -64,7 +64,7 @@ def run_set(shared: Path, name: str, model: str) -> list[str]:
         relevant = eval_set.qrels[query_id]
         bare, _ = search(tools, {"query": question, "k": K})
         bare_runs.append((ranked(bare), relevant))
-        found, text = search(tools, {"queries": [question, *variants[query_id]][:12], "k": K})
+        found, text = search(tools, {"query": question, "queries": variants[query_id][:12], "k": K})
         agent_runs.append((ranked(found), relevant))
         read = [tools.call("get_note", {"note_id": r["note_id"]}).text
                 for r in found if r["strength"] == "strong"][:READS]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import html
+import json
 import os
 import re
 import shutil
@@ -610,6 +611,41 @@ def started(home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     for chat, blocks in opened:
         blocks.close()
         chat.close()
+
+
+def test_programs_get_the_structured_answer_and_open_a_note_by_its_bare_id(own_home: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """gradio_client against the launched page: `/answer` is `brain ask --json` (citations, relevance, not_found as
+    data, not markdown to regex), and `/open_note` takes the note id a citation carries."""
+    from gradio_client import Client
+
+    asked = CliRunner().invoke(main, ["--home", str(own_home), "ask", QUESTION, "--json"])
+    unknown = CliRunner().invoke(main, ["--home", str(own_home), "ask", "xylophonegiraffe", "-k", "3", "--json"])
+    assert asked.exit_code == 0 and unknown.exit_code == 0, asked.output + unknown.output
+    monkeypatch.setenv("FORWARDED_ALLOW_IPS", "127.0.0.1,::1")
+    chat = app.ChatPage(Brain(own_home))
+    blocks, url = app.start_page(chat, "127.0.0.1", free_port(), None)
+    try:
+        client = Client(url, verbose=False, download_files=False)
+        answer = client.predict(QUESTION, api_name="/answer")
+        assert answer == json.loads(asked.output)
+        assert answer["answer_state"] == "found" and answer["citations"][0]["note_id"] == MOVIES
+        assert {"n", "note_id", "title", "path", "excerpt", "strength"} <= set(answer["citations"][0])
+        nothing = client.predict("xylophonegiraffe", 3, api_name="/answer")
+        assert nothing == json.loads(unknown.output) and nothing["not_found"] is True
+        with pytest.raises(Exception, match="k must be an integer from 1 to 20"):
+            client.predict(QUESTION, 50, api_name="/answer")
+        with pytest.raises(Exception, match="date like 2024-03-15"):
+            client.predict(QUESTION, 6, [], "", "last week", api_name="/answer")
+
+        note = client.predict(answer["citations"][0]["note_id"], api_name="/open_note")
+        assert "《花样年华》" in note and "电影清单" in note
+        assert "a note id looks like" in client.predict("../../etc/passwd", api_name="/open_note")
+        assert "《花样年华》" in client.predict(app.note_ref(MOVIES), api_name="/open_note")  # the page's links too
+    finally:
+        blocks.close()
+        chat.close()
+    assert Brain(own_home).sessions() == []  # the API starts no conversation
 
 
 def test_the_page_forbids_third_party_images_scripts_and_requests(started: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 
 import nbformat
@@ -39,11 +40,31 @@ def test_explore_notebook(notebook_env):
     assert (notebook_env / "explore.png").exists()
 
 
+def test_compare_modes_notebook_compares_on_the_sample_vault_without_the_shared_sets(notebook_env, monkeypatch,
+                                                                                    tmp_path):
+    """A user's clone has no ../shared: the bundled sample vault and its questions still give a comparison."""
+    monkeypatch.setenv("BRAIN_EVAL_DIR", str(tmp_path / "no-shared-eval"))
+    text = outputs(run("02_compare_retrieval_modes.ipynb"))
+    assert "shared eval set: not found — the sample vault's comparison only" in text
+    (line,) = [line for line in text.splitlines() if line.startswith("sample_vault {")]
+    scores = ast.literal_eval(line.removeprefix("sample_vault "))  # the notebook prints the dict
+    assert set(scores) == {"bm25", "vector", "hybrid"} and scores["hybrid"]["hit_rate"] >= 0.9, scores
+    assert "我想看哪些电影？ → vault:sample_vault/生活/电影清单.md" in text and "modes.png" in text
+    assert "locomo_dev {" not in text
+
+
+def test_every_sample_question_names_a_note_of_the_sample_vault():
+    questions = json.loads((NOTEBOOKS / "sample_questions.json").read_text(encoding="utf-8"))
+    assert len(questions) >= 8 and all((REPO / "sample_vault" / path).is_file() for q in questions
+                                       for path in q["notes"])
+
+
 @pytest.mark.skipif(not (SHARED / "eval" / "locomo_dev").is_dir(), reason="../shared/eval not present")
 def test_compare_modes_notebook(notebook_env, monkeypatch):
     monkeypatch.setenv("BRAIN_NOTEBOOK_QUERIES", "20")
     text = outputs(run("02_compare_retrieval_modes.ipynb"))
-    assert "'bm25':" in text and "'hybrid':" in text and "'ndcg':" in text and "modes.png" in text
+    assert "sample_vault {" in text and "locomo_dev {'bm25':" in text and "'hybrid':" in text and "'ndcg':" in text
+    assert "modes.png" in text
     assert " → vault:" in text  # RetrieverEvaluator scored note ids, straight from the retriever
 
 

@@ -11,7 +11,7 @@ import inspect
 import json
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -37,6 +37,7 @@ class Param:
     kind: type  # str, int, bool or list (of strings)
     required: bool
     default: Any = None
+    nullable: bool = False  # the schema admits null (the annotation says `| None`): null then means absent
     ge: int | None = None
     le: int | None = None
     min_length: int | None = None
@@ -78,24 +79,25 @@ def _params(function: Callable[..., Any]) -> tuple[Param, ...]:
 
 
 def _param(parameter: inspect.Parameter, hint: Any) -> Param:
-    base, constraints = _unwrap(hint)
+    base, constraints, nullable = _unwrap(hint)
     required = parameter.default is inspect.Parameter.empty
     fields: dict[str, Any] = {"name": parameter.name, "required": required,
-                              "default": None if required else parameter.default}
+                              "default": None if required else parameter.default, "nullable": nullable}
     fields.update(_bounds(constraints))
     if get_origin(base) is Literal:
         return Param(kind=str, choices=tuple(get_args(base)), **fields)
     if get_origin(base) is list:
-        _, item_constraints = _unwrap(get_args(base)[0])
+        _, item_constraints, _ = _unwrap(get_args(base)[0])
         return Param(kind=list, item_max_length=_bounds(item_constraints).get("max_length"), **fields)
     if base not in (str, int, bool):
         raise TypeError(f"tool argument {parameter.name}: unsupported type {base!r}")
     return Param(kind=base, **fields)
 
 
-def _unwrap(hint: Any) -> tuple[Any, list[Any]]:
-    """(the type without None and Annotated, the Field constraints)."""
+def _unwrap(hint: Any) -> tuple[Any, list[Any], bool]:
+    """(the type without None and Annotated, the Field constraints, whether None is allowed)."""
     constraints: list[Any] = []
+    nullable = False
     while True:
         if get_origin(hint) is Annotated:
             hint, *extras = get_args(hint)
@@ -103,11 +105,12 @@ def _unwrap(hint: Any) -> tuple[Any, list[Any]]:
                 constraints.extend(extra.metadata if isinstance(extra, FieldInfo) else [extra])
         elif get_origin(hint) in (Union, types.UnionType):
             options = [a for a in get_args(hint) if a is not type(None)]
+            nullable = nullable or len(options) < len(get_args(hint))
             hint = options[0] if len(options) == 1 else hint
             if len(options) != 1:
-                return hint, constraints
+                return hint, constraints, nullable
         else:
-            return hint, constraints
+            return hint, constraints, nullable
 
 
 def _bounds(constraints: list[Any]) -> dict[str, int]:
@@ -134,32 +137,55 @@ def usage(method: Callable[..., Any]) -> str:
     return f"{name} takes " + (", ".join(parts) if parts else "no arguments")
 
 
-def check_arguments(method: Callable[..., Any], arguments: object) -> dict[str, Any]:
+def check_arguments(method: Callable[..., Any], arguments: object,
+                    positional: Sequence[object] = ()) -> dict[str, Any]:
     """The arguments as the method may take them, or ToolCallError naming the first one at fault.
 
-    Unknown arguments are refused; null means absent (its default); a list may also come as a JSON string (some
-    clients send lists that way); an integral number such as 5.0 counts as an integer, true never does."""
+    Unknown arguments are refused; null means absent only where the schema admits null (elsewhere it is a wrong
+    type, like a client's unparsable value turned into null); a list may also come as a JSON string (some clients send
+    lists that way); an integral number such as 5.0 counts as an integer, true never does. `positional` (a Python
+    caller's) fills the arguments in their declared order."""
     hint = usage(method)
     if not isinstance(arguments, dict):
         raise ToolCallError(f"arguments must be an object, not {_kind(arguments)}", hint)
     declared = {p.name: p for p in params(method)}
+    arguments = _with_positional(tuple(declared), positional, arguments, hint)
     unknown = sorted(str(name) for name in arguments if name not in declared)
     if unknown:
         raise ToolCallError(f"unknown argument(s): {', '.join(a[:40] for a in unknown[:5])}", hint)
     checked: dict[str, Any] = {}
     for param in declared.values():
-        value = arguments.get(param.name)
-        if value is None:
+        if param.name not in arguments:
             if param.required:
                 raise ToolCallError(f"{param.name} is required: {param.expects()}", hint)
+            continue
+        value = arguments[param.name]
+        if value is None and param.nullable:
             continue
         checked[param.name] = _checked(param, value, hint)
     return checked
 
 
+def _with_positional(names: tuple[str, ...], positional: Sequence[object], arguments: dict[Any, Any],
+                     hint: str) -> dict[Any, Any]:
+    """Named arguments with the positional ones added under their declared names."""
+    if len(positional) > len(names):
+        raise ToolCallError(f"at most {len(names)} positional argument(s), got {len(positional)}", hint)
+    twice = [name for name in names[:len(positional)] if name in arguments]
+    if twice:
+        raise ToolCallError(f"{twice[0]} given twice: by position and by name", hint)
+    return dict(zip(names, positional, strict=False)) | arguments
+
+
 def _checked(param: Param, value: object, hint: str) -> Any:
     def refuse(got: object) -> ToolCallError:
         return ToolCallError(f"{param.name} must be {param.expects()}, got {_kind(got)}", hint)
+
+    def whole(text: str, name: str) -> str:
+        if not _encodable(text):
+            raise ToolCallError(f"{name} is not valid text: it holds half of a character (a lone surrogate, e.g. an "
+                                "emoji cut in two); send whole characters", hint)
+        return text
 
     if param.kind is bool:
         if not isinstance(value, bool):
@@ -181,8 +207,9 @@ def _checked(param: Param, value: object, hint: str) -> Any:
             raise refuse(value)
         for item in value:
             if not isinstance(item, str) or (param.item_max_length and len(item) > param.item_max_length):
-                raise ToolCallError(f"each of {param.name} must be a string of at most {param.item_max_length} "
-                                    f"characters, got {_kind(item)}", hint)
+                most = f" of at most {param.item_max_length} characters" if param.item_max_length else ""
+                raise ToolCallError(f"each of {param.name} must be a string{most}, got {_kind(item)}", hint)
+            whole(item, f"an item of {param.name}")
         return value
     if not isinstance(value, str):
         raise refuse(value)
@@ -191,7 +218,16 @@ def _checked(param: Param, value: object, hint: str) -> Any:
         raise refuse(value)
     if param.choices and value not in param.choices:
         raise ToolCallError(f"{param.name} must be {param.expects()}, got {value[:40]!r}", hint)
-    return value
+    return whole(value, param.name)
+
+
+def _encodable(text: str) -> bool:
+    """Whether the text is whole Unicode (no lone surrogate, which no UTF-8 store, model or file can take)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _json_list(text: str) -> object:

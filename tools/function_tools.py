@@ -11,7 +11,7 @@ import functools
 import inspect
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple
 
 from pydantic import Field
@@ -86,13 +86,12 @@ class BrainTools:
 
     def search_notes(
         self,
-        query: Annotated[str | None, Field(
-            description="What to look for, in the user's words (Chinese or English).",
-            max_length=MAX_QUERY_CHARS)] = None,
+        query: Annotated[str, Field(
+            description="What to look for, in the user's words (Chinese or English): the main query.",
+            max_length=MAX_QUERY_CHARS)],
         queries: Annotated[list[Annotated[str, Field(max_length=MAX_QUERY_CHARS)]] | None, Field(
-            description=f"Instead of or besides `query`: your own rewrites of the question (literal words, synonyms, "
-                        f"the other language, tags), up to {MAX_QUERIES} per call. The first is the main query when "
-                        "`query` is absent.",
+            description=f"Besides `query`: your own rewrites of the question (literal words, synonyms, the other "
+                        f"language, tags), up to {MAX_QUERIES} per call.",
             max_length=MAX_QUERIES)] = None,
         k: Annotated[int, Field(description=f"How many notes to return, 1 to {MAX_K}.", ge=1, le=MAX_K)] = 8,
         source: Annotated[str | None, Field(
@@ -127,7 +126,7 @@ class BrainTools:
         """
         texts = [t for t in (_stripped(query), *(_stripped(q) for q in queries or ())) if t]
         if not texts:
-            raise ToolCallError("give `query` (or `queries`): the text to search for", usage(self.search_notes))
+            raise ToolCallError("query is empty: give the text to search for", usage(self.search_notes))
         main, variants = texts[0], [t for t in dict.fromkeys(texts[1:]) if t != texts[0]]
         response = self.brain.search(
             main, k,
@@ -209,21 +208,21 @@ class BrainTools:
     def description(name: str) -> str:
         return inspect.getdoc(getattr(BrainTools, name)) or name
 
-    def call(self, name: str, arguments: object) -> ToolReply:
-        return self._invoke(name, arguments)
+    def call(self, name: str, arguments: object, positional: Sequence[object] = ()) -> ToolReply:
+        return self._invoke(name, arguments, positional)
 
-    async def acall(self, name: str, arguments: object) -> ToolReply:
-        return await asyncio.to_thread(self._invoke, name, arguments)
+    async def acall(self, name: str, arguments: object, positional: Sequence[object] = ()) -> ToolReply:
+        return await asyncio.to_thread(self._invoke, name, arguments, positional)
 
-    def _invoke(self, name: str, arguments: object) -> ToolReply:
+    def _invoke(self, name: str, arguments: object, positional: Sequence[object] = ()) -> ToolReply:
         """Run one tool through the contract: every refusal is `{"error", "tool", "hint"}` JSON, never a traceback."""
         method = getattr(self, name) if name in self.tool_names() else None
         try:
             if method is None:
                 raise ToolCallError("unknown tool", f"the tools are {', '.join(self.tool_names())}")
-            return ToolReply(capped_json(method(**check_arguments(method, arguments))), False)
+            return ToolReply(capped_json(method(**check_arguments(method, arguments, positional))), False)
         except ToolCallError as exc:
-            return _refused(name, str(exc), exc.hint or usage(method))
+            return _refused(name[:MAX_FILTER_CHARS], str(exc), exc.hint or usage(method))
         except NoteNotFound as exc:
             return _refused(name, str(exc), NOTE_ID_HINT)
         except (SearchError, CaptureError) as exc:  # an argument the engine refused (a date, a source, a tag)
@@ -267,12 +266,12 @@ def _callables(tools: BrainTools, name: str) -> tuple[Callable[..., ToolReply], 
     method = getattr(tools, name)
 
     @functools.wraps(method)
-    def call(**arguments: Any) -> ToolReply:
-        return tools.call(name, arguments)
+    def call(*positional: Any, **arguments: Any) -> ToolReply:
+        return tools.call(name, arguments, positional)
 
     @functools.wraps(method)
-    async def acall(**arguments: Any) -> ToolReply:
-        return await tools.acall(name, arguments)
+    async def acall(*positional: Any, **arguments: Any) -> ToolReply:
+        return await tools.acall(name, arguments, positional)
 
     return call, acall
 

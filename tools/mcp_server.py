@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rag_app.engine import Brain, ConfigError
-from tools.function_tools import CAPTURE_TOOL, BrainTools
+from tools.function_tools import CAPTURE_TOOL, BrainTools, ToolReply
 
 __all__ = ["TOKEN_ENV", "BearerGuard", "build_server", "check_token", "run_http", "run_stdio"]
 
@@ -42,8 +42,19 @@ WRITES = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempoten
 
 
 class BrainServer(MCPServer):
-    """MCPServer without prompts: asking for one is the client's mistake, answered as such (the SDK would log a
-    140-line traceback for it on stderr)."""
+    """MCPServer over BrainTools. Asking for a prompt (there are none) is the client's mistake, answered as such (the
+    SDK would log a 140-line traceback for it on stderr); a tool it does not know gets the tools' own refusal."""
+
+    def __init__(self, tools: BrainTools, **settings: Any) -> None:
+        self.brain_tools = tools
+        super().__init__("cflow-brain", tools=[_mcp_tool(tools, name) for name in tools.tool_names()], **settings)
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        """An unknown tool answers `{"error", "tool", "hint"}` with isError, like every other refusal (the SDK
+        answers plain text)."""
+        if self._tool_manager.get_tool(name) is None:
+            return _result(await self.brain_tools.acall(name, arguments))
+        return await super().call_tool(name, arguments, context)
 
     async def get_prompt(self, name: str, arguments: dict[str, Any] | None = None,
                          context: Any = None) -> GetPromptResult:
@@ -73,10 +84,8 @@ def build_server(home: Brain | str | os.PathLike[str] | None) -> MCPServer:
 
     capture_note is listed only when capture is enabled: with it off, no client can even see it."""
     tools = BrainTools(home if isinstance(home, Brain) else Brain(home))
-    names = tools.tool_names()
-    instructions = INSTRUCTIONS + (CAPTURE_INSTRUCTIONS if CAPTURE_TOOL in names else "")
-    return BrainServer("cflow-brain", version=server_version(), instructions=instructions, log_level="WARNING",
-                       tools=[_mcp_tool(tools, name) for name in names])
+    instructions = INSTRUCTIONS + (CAPTURE_INSTRUCTIONS if CAPTURE_TOOL in tools.tool_names() else "")
+    return BrainServer(tools, version=server_version(), instructions=instructions, log_level="WARNING")
 
 
 def _mcp_tool(tools: BrainTools, name: str) -> Tool:
@@ -85,14 +94,17 @@ def _mcp_tool(tools: BrainTools, name: str) -> Tool:
 
     @functools.wraps(getattr(tools, name))
     async def call(**arguments: Any) -> CallToolResult:
-        reply = await tools.acall(name, arguments)
-        return CallToolResult(content=[TextContent(type="text", text=reply.text)], is_error=reply.is_error)
+        return _result(await tools.acall(name, arguments))
 
     tool = Tool.from_function(call, name=name, description=BrainTools.description(name),
                               annotations=WRITES if name == CAPTURE_TOOL else READ_ONLY, structured_output=False)
     tool.parameters["additionalProperties"] = False
     tool.fn_metadata = FuncMetadata(arg_model=_AsSent)
     return tool
+
+
+def _result(reply: ToolReply) -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=reply.text)], is_error=reply.is_error)
 
 
 def run_stdio(home: Brain | str | os.PathLike[str] | None) -> None:

@@ -30,6 +30,7 @@ MEMO_ANSWER_BYTES = 4 * 1024 * 1024
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\u2028\u2029]")  # text keeps tabs and line breaks
 _TAG = re.compile(r"[^\s#,\x00-\x1f\x7f]+")  # a tag Memos and Obsidian both read back as one (no blanks, '#' or ',')
 _UNSAFE_NAME = re.compile(r"[^\w\- ]+")
+_RULE = re.compile(r"(?:[-*_=]\s*){3,}")  # a thematic break, a setext underline or a frontmatter fence
 
 
 class CaptureError(ValueError):
@@ -71,7 +72,7 @@ def new_note(text: object, title: object = None, tags: object = None) -> NewNote
     if _CONTROL.search(text) or re.search(r"[\ud800-\udfff]", text):
         raise CaptureError("text contains control characters; send plain text (tabs and line breaks are fine)")
     if title is None or (isinstance(title, str) and not title.strip()):
-        title = next(line.strip().lstrip("#").strip() for line in text.split("\n") if line.strip())[:80]
+        title = _default_title(text)
     elif not isinstance(title, str):
         raise CaptureError(f"title must be a string, not {type(title).__name__}")
     elif not title.isprintable() or re.search(r"[\ud800-\udfff]", title):
@@ -79,6 +80,23 @@ def new_note(text: object, title: object = None, tags: object = None) -> NewNote
     elif len(title.strip()) > MAX_TITLE_CHARS:
         raise CaptureError(f"title is too long: {len(title.strip())} characters, at most {MAX_TITLE_CHARS}")
     return NewNote(text, title.strip() or "note", _tags(tags))
+
+
+def _default_title(text: str) -> str:
+    """The frontmatter's title, else the first line of text after the frontmatter: a `---` fence or a rule is no
+    title (Markdown pasted with its frontmatter would otherwise be saved as '---')."""
+    from readers.markdown_syntax import split_frontmatter
+
+    front = split_frontmatter(text)
+    given = front.data.get("title")
+    given = " ".join(given.split()) if isinstance(given, str) else ""
+    if given and given.isprintable():
+        return given[:80]
+    for line in front.body.split("\n"):
+        words = line.strip().lstrip("#").strip()
+        if words and not _RULE.fullmatch(words):
+            return words[:80]
+    return "note"
 
 
 def _tags(value: object) -> tuple[str, ...]:

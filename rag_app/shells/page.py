@@ -48,6 +48,7 @@ from rag_app.engine import (  # noqa: E402
 EXCERPT_CHARS = 160
 QUESTION_PLACEHOLDER = "问你的笔记 / Ask your notes — e.g. 我想看哪些电影？"
 NOTE_HINT = "<p class='brain-note-hint'>Click a [n] marker or a source under an answer to read the note here.</p>"
+ANSWER_MAX_K = 20  # as `brain ask -k`
 NOTE_REF = "#brain-note?"  # in-page links: the page's script opens them in the note panel, the browser never follows
 LOGIN_FREE_TRIES = 5  # wrong passwords a client may try before it has to wait
 LOGIN_LOCKOUT_SECONDS = 30.0  # the first wait; it doubles with every further wrong try
@@ -261,6 +262,12 @@ def parse_note_ref(ref: str) -> tuple[str, int | None, int | None]:
     query = parse_qs(ref.strip().lstrip("#").removeprefix(NOTE_REF.lstrip("#")), keep_blank_values=True)
     turn, n = ((query.get(key) or [""])[0] for key in ("turn", "n"))
     return (query.get("id") or [""])[0], _plain_number(turn, 6), _plain_number(n, 6)
+
+
+def as_note_ref(ref: str) -> str:
+    """An API client's bare note id as the in-page link to it; an in-page link stays as it is."""
+    text = ref.strip()
+    return note_ref(text) if text and not text.startswith(("#", NOTE_REF.lstrip("#"))) else ref
 
 
 def note_ask(ref: str) -> int | None:
@@ -955,8 +962,9 @@ class ChatPage:
         """The note panel for an in-page link; a citation's link lights the passage it was cited for. The request's
         number, if the page's script gave one, is on the panel's outer element as the class brain-ask-N (the page's
         sanitiser drops data- attributes)."""
-        panel = self._note_panel(ref or "", session, request)
-        ask = note_ask(ref or "")
+        ref = as_note_ref(ref or "")
+        panel = self._note_panel(ref, session, request)
+        ask = note_ask(ref)
         return panel if ask is None else f"<div class='brain-ask-{ask}'>{panel}</div>"
 
     def _note_panel(self, ref: str, session: str | None, request: gr.Request | None) -> str:
@@ -985,6 +993,23 @@ class ChatPage:
         citations = shown["turns"][0].get("citations") or [] if shown["turns"] and shown["first"] == turn else []
         found = [c for c in citations if c.get("n") == n and c.get("note_id") == note_id]
         return str(found[0].get("excerpt") or "") if found else None
+
+    # The API for programs (gradio_client): structured, not the page's markdown
+
+    def answer(self, question: str, k: int = 6, sources: list[str] | None = None, tags: str = "", since: str = "",
+               until: str = "") -> dict[str, Any]:
+        """The answer as `brain ask --json` gives it: answer text, citations (note_id, title, path or url, excerpt,
+        strength), coverage, mode, not_found and answer_state. Stateless: no conversation is started or continued."""
+        if not (question or "").strip():
+            raise gr.Error("question is empty: give the question to answer from the notes", print_exception=False)
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= ANSWER_MAX_K:
+            raise gr.Error(f"k must be an integer from 1 to {ANSWER_MAX_K}", print_exception=False)
+        try:
+            response = self._run(self.brain.ask, question.strip(), k, sources=tuple(sources or ()),
+                                 tags=split_tags(tags or ""), since=since or None, until=until or None)
+        except (SearchError, ConfigError) as exc:
+            raise gr.Error(str(exc), print_exception=False) from None
+        return response.to_dict()
 
     def allowed_links(self, citations: list[dict[str, Any]]) -> set[str]:
         """The URLs an answer may link to: each cited note's own link and the http(s) URLs written in it."""
@@ -1103,6 +1128,7 @@ class ChatPage:
             note_button.click(self.open_note, inputs=[note_request, session], outputs=note, show_progress="hidden",
                               trigger_mode="always_last")  # a note asked for while one is coming is not dropped
             sync_button.click(self.sync, outputs=[sync_result, status, sources])
+            gr.api(self.answer, api_name="answer")
             gr.Timer(STATUS_SECONDS).tick(self.status, outputs=status, show_progress="hidden")
         return page
 

@@ -21,12 +21,11 @@ from pydantic import Field
 
 from rag_app.engine import Brain
 from tests.conftest import REPO, free_port
-from tests.tools.test_mcp_server import TOKEN, wait_for_port
+from tests.tools.test_mcp_server import QUIET, TOKEN, wait_for_port
 from tools.contract import ToolCallError, check_arguments, params, usage
 from tools.function_tools import BrainTools, brain_tools
 
 BRAIN = str(Path(sys.executable).with_name("brain"))
-QUIET = {"ANONYMIZED_TELEMETRY": "False"}
 
 BAD_CALLS: list[tuple[str, dict, str]] = [
     ("search_notes", {"query": 5}, "query must be a string of at most 2000 characters, got 5"),
@@ -36,19 +35,25 @@ BAD_CALLS: list[tuple[str, dict, str]] = [
     ("search_notes", {"query": "电影", "k": 0}, "k must be an integer from 1 to 20, got 0"),
     ("search_notes", {"query": "电影", "k": 10**9}, "k must be an integer from 1 to 20, got 1000000000"),
     ("search_notes", {"query": "电影", "bogus": 1}, "unknown argument(s): bogus"),
-    ("search_notes", {}, "give `query` (or `queries`)"),
-    ("search_notes", {"query": "  "}, "give `query` (or `queries`)"),
-    ("search_notes", {"queries": "电影"}, "queries must be a list of at most 12 strings"),
-    ("search_notes", {"queries": {"a": 1}}, "queries must be a list of at most 12 strings (each at most 2000 "
-                                            "characters), got an object"),
-    ("search_notes", {"queries": ["x"] * 13}, "got a list of 13 items"),
-    ("search_notes", {"queries": ["电影", 7]}, "each of queries must be a string of at most 2000 characters, got 7"),
+    ("search_notes", {}, "query is required: a string of at most 2000 characters"),
+    ("search_notes", {"queries": ["电影"]}, "query is required"),
+    ("search_notes", {"query": "  "}, "query is empty"),
+    ("search_notes", {"query": "电影", "queries": "电影"}, "queries must be a list of at most 12 strings"),
+    ("search_notes", {"query": "电影", "queries": {"a": 1}}, "queries must be a list of at most 12 strings (each at "
+                                                            "most 2000 characters), got an object"),
+    ("search_notes", {"query": "电影", "queries": ["x"] * 13}, "got a list of 13 items"),
+    ("search_notes", {"query": "电影", "queries": ["电影", 7]}, "each of queries must be a string of at most 2000 "
+                                                               "characters, got 7"),
+    ("search_notes", {"query": None}, "query must be a string of at most 2000 characters, got null"),
+    ("search_notes", {"query": "rust", "k": None}, "k must be an integer from 1 to 20, got null"),
+    ("search_notes", {"query": "电影", "detail": None}, "detail must be 'brief' or 'passages', got null"),
     ("search_notes", {"query": "字" * 5_000}, "got a string of 5000 characters"),
     ("search_notes", {"query": "电影", "since": "last week"}, "date like 2024-03-15"),
     ("search_notes", {"query": "电影", "source": "nowhere"}, "unknown source 'nowhere'"),
     ("search_notes", {"query": "电影", "detail": "full"}, "detail must be 'brief' or 'passages', got 'full'"),
     ("get_note", {}, "note_id is required: a string of 1 to 1024 characters"),
-    ("get_note", {"note_id": None}, "note_id is required"),
+    ("get_note", {"note_id": None}, "note_id must be a string of 1 to 1024 characters, got null"),
+    ("get_note", {"note_id": "vault:notes/plan.md", "fresh": None}, "fresh must be true or false, got null"),
     ("get_note", {"note_id": 42}, "note_id must be a string of 1 to 1024 characters, got 42"),
     ("get_note", {"note_id": ""}, "got a string of 0 characters"),
     ("get_note", {"note_id": "   "}, "note_id is empty"),
@@ -154,9 +159,33 @@ def test_good_calls_are_not_errors_on_either_path(small_home: Path):
     tools = {t.metadata.name: t for t in brain_tools(Brain(small_home))}
     found = tools["search_notes"].call(query="电影", k=5.0)  # an integral number is an integer, as JSON Schema says
     assert not found.is_error and json.loads(found.content)["results"][0]["title"] == "电影清单"
-    listed = tools["search_notes"].call(queries='["灰度", "release plan"]')  # a list sent as JSON text
+    listed = tools["search_notes"].call(query="灰度", queries='["release plan"]')  # a list sent as JSON text
     assert not listed.is_error and json.loads(listed.content)["coverage"]["queries"][:2] == ["灰度", "release plan"]
-    assert not tools["get_note"].call(note_id="vault:notes/plan.md", fresh=None).is_error  # null: the default
+    unfiltered = tools["search_notes"].call(query="电影", source=None, queries=None)  # null where the schema admits it
+    assert not unfiltered.is_error and json.loads(unfiltered.content)["results"][0]["title"] == "电影清单"
+
+
+def test_python_callers_may_pass_arguments_by_position_and_get_the_error_shape_when_they_overdo_it(small_home: Path):
+    tools = {t.metadata.name: t for t in brain_tools(Brain(small_home))}
+    found = tools["search_notes"].call("电影", None, 3)
+    assert not found.is_error and json.loads(found.content)["results"][0]["title"] == "电影清单"
+    assert not anyio.run(tools["get_note"].acall, "vault:notes/plan.md").is_error
+    for output, message in [(tools["get_note"].call("vault:notes/plan.md", False, "x"),
+                             "at most 2 positional argument(s), got 3"),
+                            (tools["get_note"].call("vault:notes/plan.md", note_id="vault:notes/movies.md"),
+                             "note_id given twice: by position and by name")]:
+        reply = json.loads(output.content)
+        assert output.is_error and reply == {"error": message, "tool": "get_note",
+                                             "hint": "get_note takes note_id (required), fresh (default false)"}
+
+
+@pytest.mark.parametrize("arguments", [{"query": "\ud83c movie"}, {"query": "movie", "queries": ["\udfac 电影"]},
+                                       {"query": "movie", "tag": "a\ud800"}])
+def test_half_a_character_is_bad_input_not_an_index_failure(small_home: Path, arguments: dict):
+    """A JS agent that cuts 🎬 in half sends a lone surrogate: the agent is told to fix its text."""
+    output = {t.metadata.name: t for t in brain_tools(Brain(small_home))}["search_notes"].call(**arguments)
+    reply = json.loads(output.content)
+    assert output.is_error and "not valid text" in reply["error"] and "lone surrogate" in reply["error"], reply
 
 
 def sample_tool(
@@ -165,6 +194,7 @@ def sample_tool(
     words: Annotated[list[Annotated[str, Field(max_length=4)]] | None, Field(max_length=2)] = None,
     mode: Annotated[Literal["a", "b"], Field()] = "a",
     flag: bool = False,
+    labels: list[str] | None = None,
 ) -> None:
     """A tool signature of every kind the contract reads."""
 
@@ -176,12 +206,18 @@ def test_the_contract_is_read_from_the_annotations_that_make_the_schema():
     assert declared["words"].expects() == "a list of at most 2 strings (each at most 4 characters)"
     assert declared["mode"].expects() == "'a' or 'b'" and declared["flag"].expects() == "true or false"
     assert usage(sample_tool) == ('sample_tool takes text (required), n (default 2), words, mode (default "a"), '
-                                  "flag (default false)")
+                                  "flag (default false), labels")
     assert check_arguments(sample_tool, {"text": "x", "n": 3.0, "words": ["ab"], "mode": "b", "flag": True}) == {
         "text": "x", "n": 3, "words": ["ab"], "mode": "b", "flag": True}
+    assert check_arguments(sample_tool, {"text": "x", "words": None}) == {"text": "x"}  # `| None`: null is absent
+    assert not declared["n"].nullable and declared["words"].nullable
     for arguments, message in [({"text": "x", "words": ["abcde"]}, "each of words"),
                                ({"text": "x", "words": ["a", "b", "c"]}, "got a list of 3 items"),
                                ({"text": "x", "flag": 1}, "flag must be true or false, got 1"),
+                               ({"text": "x", "flag": None}, "flag must be true or false, got null"),
+                               ({"text": "x", "labels": [1, 2]}, "each of labels must be a string, got 1"),
+                               ({"text": "x", "n": None}, "n must be an integer from 1 to 3, got null"),
+                               ({"text": "x", "mode": None}, "mode must be 'a' or 'b', got null"),
                                ({"text": "x", "n": 1e300}, "got 1e+300"),
                                ({"text": "x", "n": 10**30}, "got a 31-digit number"),
                                ([1, 2], "arguments must be an object, not a list of 2 items")]:

@@ -74,7 +74,7 @@ def test_hostile_arguments_get_a_clear_json_error_flagged_as_an_error(sample_too
 
 
 def test_outputs_are_capped_and_point_back_to_the_note(sample_tools):
-    found = call(sample_tools["search_notes"], queries=["观影", "电影"], k=20, detail="passages")
+    found = call(sample_tools["search_notes"], query="观影", queries=["电影"], k=20, detail="passages")
     assert found["coverage"]["queries"][:2] == ["观影", "电影"]
     assert 0 < len(found["results"]) <= 20
     assert all(0 < len(p["text"]) <= 1_000 for r in found["results"] for p in r["passages"])
@@ -166,7 +166,7 @@ def test_a_function_agent_captures_a_note_and_then_finds_it(home: Path, make_vau
 
     script = [tool_call("call_1", "capture_note", {"text": "周五晚上去看《奥本海默》IMAX。", "title": "周五观影",
                                                    "tags": ["电影"]}),
-              tool_call("call_2", "search_notes", {"queries": ["奥本海默", "Oppenheimer IMAX"]}),
+              tool_call("call_2", "search_notes", {"query": "奥本海默", "queries": ["Oppenheimer IMAX"]}),
               "已记下：周五观影。"]
     with OpenAIDouble(script) as double:
         llm = OpenAILike(model="qwen2.5", api_base=double.url, api_key="x", is_chat_model=True,

@@ -29,7 +29,8 @@ from tools.function_tools import CAPTURE_TOOL, TOOL_NAMES, BrainTools
 from tools.mcp_server import build_server, check_token
 
 BRAIN = str(Path(sys.executable).with_name("brain"))
-QUIET = {"ANONYMIZED_TELEMETRY": "False"}
+# An MCP client starts its server with a minimal environment: PYTHONPATH passes on, so a checkout's tests run its code
+QUIET = {"ANONYMIZED_TELEMETRY": "False"} | {k: v for k, v in os.environ.items() if k == "PYTHONPATH"}
 TOKEN = "test-token-0123456789abcdef"
 MEMOS_TOKEN = "memos_pat_test"
 
@@ -131,7 +132,7 @@ def wait_for_port(port: int, process: subprocess.Popen[str], seconds: float = 60
     raise TimeoutError(f"nothing listening on port {port}")
 
 
-def test_the_server_names_its_version_and_an_unknown_prompt_is_a_clean_error(home: Path, tmp_path: Path):
+def test_the_server_names_its_version_and_an_unknown_prompt_or_tool_is_a_clean_error(home: Path, tmp_path: Path):
     errors = tmp_path / "stderr.txt"
 
     async def session() -> None:
@@ -144,6 +145,10 @@ def test_the_server_names_its_version_and_an_unknown_prompt_is_a_clean_error(hom
                 with pytest.raises(MCPError, match="unknown prompt 'no-such-prompt'"):
                     await mcp.get_prompt("no-such-prompt")
                 assert not (await mcp.call_tool("brain_status", {})).is_error  # the server goes on
+                unknown = await mcp.call_tool("nope", {"query": "rust"})
+                assert unknown.is_error and json.loads(unknown.content[0].text) == {
+                    "error": "unknown tool", "tool": "nope",
+                    "hint": "the tools are search_notes, get_note, related_notes, brain_status"}
 
     anyio.run(session)
     assert "Traceback" not in errors.read_text(encoding="utf-8")
@@ -158,6 +163,21 @@ def test_every_schema_refuses_unknown_arguments_and_its_note_id_examples_are_rea
     assert "memos:<uid>" not in text
     detail = next(s for s in schemas if "detail" in s["properties"])["properties"]["detail"]
     assert detail["enum"] == ["brief", "passages"] and detail["default"] == "brief"
+
+
+def test_search_notes_says_query_is_required_in_a_schema_every_client_takes(home: Path):
+    """`required` names query; no schema puts anyOf/oneOf/allOf (or a conditional) at its root, which the Anthropic API
+    refuses for the whole request and Claude Code drops silently, and none uses $ref (refused anywhere there)."""
+    schemas = {t.name: t.input_schema for t in anyio.run(build_server(Brain(home)).list_tools)}
+    assert schemas["search_notes"]["required"] == ["query"]
+    assert schemas["search_notes"]["properties"]["query"]["type"] == "string"
+    for name, schema in schemas.items():
+        assert schema["type"] == "object", name
+        assert not {"anyOf", "oneOf", "allOf", "not", "if", "then", "else"} & set(schema), name
+        assert "$ref" not in json.dumps(schema) and "$defs" not in schema, name
+        for argument, declared in schema["properties"].items():  # null only where null means absent
+            if argument in ("k", "detail", "fresh", "note_id", "query", "text"):
+                assert "null" not in json.dumps(declared), (name, argument)
 
 
 @pytest.mark.skipif(shutil.which("npx") is None, reason="the MCP Inspector runs through npx")
@@ -176,6 +196,29 @@ def test_the_mcp_inspector_cli_gets_the_projects_refusal(home: Path, given: str,
     expected = BrainTools(Brain(home)).call("search_notes", arguments)
     assert reply["isError"] is True and expected.is_error
     assert reply["content"] == [{"type": "text", "text": expected.text}]
+
+
+@pytest.mark.skipif(shutil.which("npx") is None, reason="the MCP Inspector runs through npx")
+def test_the_mcp_inspector_in_strict_mode_finds_no_schema_problem_and_reads_query_as_required(home: Path):
+    """Inspector 2.12 (on the TypeScript SDK, whose schemas parse tools/list): --strict exits 6 on a portability error
+    and prints every finding; a `null` it makes of an unparsable value is refused like any wrong type."""
+    inspector = [shutil.which("npx"), "-y", "@modelcontextprotocol/inspector@2.12.0", "--cli",
+                 *(["-e", f"PYTHONPATH={os.environ['PYTHONPATH']}"] if os.environ.get("PYTHONPATH") else []),
+                 BRAIN, "--home", str(home), "mcp"]
+    env = os.environ | QUIET | {"npm_config_update_notifier": "false"}
+    listed = subprocess.run([*inspector, "--method", "tools/list", "--strict"], capture_output=True, text=True,
+                            timeout=300, cwd=REPO, env=env)
+    if listed.returncode != 0 and "npm error" in listed.stderr:
+        pytest.skip("the Inspector could not be fetched from the npm registry")
+    findings = [line for line in listed.stderr.splitlines() if not line.startswith("npm ")]
+    assert listed.returncode == 0 and findings == [], listed.stderr
+    schemas = {t["name"]: t["inputSchema"] for t in json.loads(listed.stdout)["tools"]}
+    assert schemas["search_notes"]["required"] == ["query"]
+    called = subprocess.run([*inspector, "--method", "tools/call", "--tool-name", "search_notes", "--tool-arg",
+                             "query=rust", "--tool-arg", "k=ten"], capture_output=True, text=True, timeout=300,
+                            cwd=REPO, env=env)
+    reply = json.loads(called.stdout)
+    assert reply["isError"] is True and "k must be an integer from 1 to 20, got null" in reply["content"][0]["text"]
 
 
 def _stdio(home: Path, env: dict[str, str] | None = None) -> StdioServerParameters:

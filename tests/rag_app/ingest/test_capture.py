@@ -92,6 +92,18 @@ def test_bad_capture_input_gets_a_clear_error(arguments: dict, says: str):
         new_note(**arguments)
 
 
+@pytest.mark.parametrize(("text", "title"), [
+    ("---\ntitle: 周会纪要\ntags: [work]\n---\n今天讨论了发布。", "周会纪要"),
+    ("---\nsource: web\n---\n\n# 发布复盘\n正文", "发布复盘"),
+    ("---\n\n***\n正文第一行\n", "正文第一行"),  # an unclosed fence and a rule: neither is a title
+    ("---\ntitle: [1, 2]\n---\n列表不是标题", "列表不是标题"),
+    ("---\n---", "note"),
+    ("# 读书笔记\n---\n正文", "读书笔记"),
+])
+def test_a_frontmatter_fence_or_a_rule_is_never_the_default_title(text: str, title: str):
+    assert new_note(text).title == title
+
+
 def test_capture_is_refused_when_off_or_pointed_at_an_unknown_source(home: Path, make_vault):
     vault = make_vault({"a.md": "# a\n"})
     configure(home, f'name = "notes"\nkind = "vault"\npath = "{vault}"')

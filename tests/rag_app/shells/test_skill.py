@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from importlib.metadata import version
 from pathlib import Path
 
 import anyio
@@ -65,6 +66,13 @@ def test_the_reference_validator_accepts_the_skill():
     from skills_ref import validate
 
     assert validate(REPO / "rag_app" / "shells" / "skill" / SKILL_NAME) == []
+
+
+def test_the_skill_carries_the_packages_version_where_the_format_allows_extra_fields():
+    """A consumer can pin the Skill and see it drift: `metadata.version` is cflow-brain's own version (the format
+    allows no top-level `version`; see the README on `agentskills lint --strict`)."""
+    meta = frontmatter(skill_files()["SKILL.md"].decode())
+    assert meta["metadata"]["version"] == version("cflow-brain")
 
 
 def test_every_tool_and_argument_the_skill_names_exists_in_the_mcp_server(home: Path, make_vault):
