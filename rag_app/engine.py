@@ -22,9 +22,11 @@ from rag_app.config import (
     SourceSpec,
     load_settings,
     memos_source,
+    resolve_home,
     vault_source,
 )
 from rag_app.index.manifest import Manifest
+from rag_app.index.private import make_home, open_home
 from rag_app.index.store import StoreError
 from rag_app.ingest.capture import MAX_CAPTURE_BYTES, MAX_TAGS, MAX_TITLE_CHARS, CaptureError
 from rag_app.ingest.chunking import CHUNKER_VERSION, chunker_id
@@ -74,7 +76,12 @@ class Brain:
     """A home directory's index: sources, sync, status (and, on top of these, search and answers)."""
 
     def __init__(self, home: str | os.PathLike[str] | None = None, store_url: str | None = None):
-        self.settings: Settings = load_settings(home, store_url=store_url)
+        """Refuses (ConfigError) a home that is not this user's alone, before its config.toml is read; an older
+        home others could read is made private, and `notices` says so (a shell shows it)."""
+        home_path = resolve_home(home)
+        notice = open_home(home_path)
+        self.notices: list[str] = [notice] if notice else []
+        self.settings: Settings = load_settings(home_path, store_url=store_url)
         self._search_index: SearchIndex | None = None
         self._search_models: tuple[str, ...] = ()
         self._progress: tuple[str, tuple[str, ...]] | None = None
@@ -91,6 +98,10 @@ class Brain:
     @property
     def home(self) -> Path:
         return self.settings.home
+
+    def create_home(self) -> bool:
+        """Make the home (private: 0700) if it does not exist; whether it was made."""
+        return make_home(self.settings.home)
 
     @property
     def obsidian_links(self) -> bool:

