@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rag_app.answers.sessions import HISTORY_TURNS, SessionError, SessionNotFound, SessionStore
+from rag_app.answers.sessions import HISTORY_TURNS, SessionError, SessionNotFound, SessionStore, SessionStoreError
 from rag_app.answers.sessions import validate_name as validate_session_name
 from rag_app.config import (
     ConfigError,
@@ -570,10 +570,16 @@ class Brain:
 
     def _remember(self, session: str | None, turn_id: str | None, question: str,
                   response: AnswerResponse) -> AnswerResponse:
+        """Store the turn; when the sessions file cannot take it (locked, full, damaged), the answer is still given
+        and `coverage["session_not_saved"]` says why."""
         if session is not None:
-            self._sessions.append(session, {"question": question, "answer": response.answer,
-                                            "citations": response.citations, "coverage": response.coverage,
-                                            "mode": response.mode}, turn_id)
+            try:
+                self._sessions.append(session, {"question": question, "answer": response.answer,
+                                                "citations": response.citations, "coverage": response.coverage,
+                                                "mode": response.mode}, turn_id)
+            except SessionStoreError as exc:
+                log.warning("the answer was given but not saved in session %r: %s", session, exc)
+                response.coverage["session_not_saved"] = f"this answer was not saved in session {session!r}: {exc}"
         return response
 
     @property
@@ -806,10 +812,22 @@ class Brain:
         """Do Chroma, the manifest and BM25 agree? `repair` fixes them, `compact` rebuilds Chroma (ingest/doctor.py)."""
         from rag_app.ingest.doctor import run_doctor
 
+        sessions = self._check_sessions(repair)
         try:
-            return run_doctor(self.settings, repair=repair, compact=compact)
+            result = run_doctor(self.settings, repair=repair, compact=compact)
         finally:
             self.close()  # repaired or compacted stores are reopened by the next search
+        return result | {"ok": result["ok"] and sessions["ok"], "sessions": sessions}
+
+    def _check_sessions(self, repair: bool) -> dict[str, Any]:
+        """The conversations file for `doctor`: {"ok", "problem", "set_aside"}; with `repair`, a damaged one is moved
+        aside (kept, not deleted) and the next conversation starts a new file."""
+        store = self._sessions
+        problem = store.check()
+        moved = str(store.set_aside()) if problem and repair else None
+        if moved:
+            log.warning("doctor set the damaged %s aside as %s", store.path, moved)
+        return {"ok": problem is None or moved is not None, "problem": problem, "set_aside": moved}
 
     def remove_source(self, name: str) -> dict[str, Any]:
         """Drop a source and every note it contributed: the only way notes leave the index besides deletion."""

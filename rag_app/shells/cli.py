@@ -429,6 +429,8 @@ def ask_command(ctx: click.Context, question: str, k: int, session: str | None, 
         from rag_app.answers.llm import missing_message
 
         click.echo(f"brain: {missing_message(coverage['llm_missing'])}; showing passages", err=True)
+    if coverage.get("session_not_saved"):
+        click.echo(f"brain: {_plain(coverage['session_not_saved'])}", err=True)
 
 
 def _unmark(text: str) -> str:
@@ -459,7 +461,8 @@ def sessions_group(ctx: click.Context, as_json: bool) -> None:
     """List conversations (name, turns, last question, last used), newest first; `delete NAME` removes one."""
     if ctx.invoked_subcommand is not None:
         return
-    rows = _open(ctx).sessions()
+    with _reported(as_json):
+        rows = _open(ctx).sessions()
     if as_json:
         _print_json(rows)
         return
@@ -663,7 +666,17 @@ def _print_doctor(result: dict[str, Any]) -> None:
     for kind, found in result["problems"].items():
         if found["count"]:
             click.echo(f"{kind}: {found['count']} (e.g. {_plain(', '.join(found['examples'][:3]))})")
-    click.echo("ok: the stores agree" if result["ok"] else "the stores disagree: run `brain doctor --repair`")
+    _print_sessions_check(result["sessions"])
+    stores_ok = not any(found["count"] for found in result["problems"].values())
+    click.echo("ok: the stores agree" if stores_ok else "the stores disagree: run `brain doctor --repair`")
+
+
+def _print_sessions_check(sessions: dict[str, Any]) -> None:
+    if sessions["set_aside"]:
+        click.echo(f"sessions: the damaged file was set aside as {_plain(sessions['set_aside'])}; the next "
+                   "conversation starts a new one")
+    elif sessions["problem"]:
+        click.echo(f"sessions: {_plain(sessions['problem'])}")
 
 
 
