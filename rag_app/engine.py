@@ -27,7 +27,7 @@ from rag_app.config import (
 )
 from rag_app.index.manifest import Manifest
 from rag_app.index.private import make_home, open_home
-from rag_app.index.store import StoreError
+from rag_app.index.store import DiskFull, StoreError, disk_full
 from rag_app.ingest.capture import MAX_CAPTURE_BYTES, MAX_TAGS, MAX_TITLE_CHARS, CaptureError
 from rag_app.ingest.chunking import CHUNKER_VERSION, chunker_id
 from rag_app.ingest.fresh import SourceError
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from rag_app.search.retrieve import NoteFusionRetriever, SearchIndex, SearchResponse
 
 __all__ = ["MAX_CAPTURE_BYTES", "MAX_TAGS", "MAX_TITLE_CHARS", "BackgroundWatch", "Brain", "CaptureError",
-           "ConfigError", "NoteNotFound", "Progress", "SearchError",
+           "ConfigError", "DiskFull", "NoteNotFound", "Progress", "SearchError",
            "SessionError", "SessionNotFound", "SourceError", "SourceReport", "StopRequested", "StoreError",
            "SyncBusyError", "SyncReport", "time_left"]
 
@@ -166,12 +166,27 @@ class Brain:
         allow_deletes: tuple[str, ...] = (),
     ) -> SyncReport:
         """`allow_deletes`: sources of this run whose listing may delete most of their notes (see sync._mass_delete)."""
-        specs = self.resolve_sources(vaults, memos, names)
-        outside = sorted(set(allow_deletes) - {s.name for s in specs})
-        if outside:
-            raise ConfigError(f"--allow-deletes {outside[0]}: not a source of this sync; "
-                              f"its sources: {', '.join(s.name for s in specs)}")
-        return sync_sources(self.settings, specs, progress, on_source, stop, on_searchable, frozenset(allow_deletes))
+        with self._full_disk_named():
+            specs = self.resolve_sources(vaults, memos, names)
+            outside = sorted(set(allow_deletes) - {s.name for s in specs})
+            if outside:
+                raise ConfigError(f"--allow-deletes {outside[0]}: not a source of this sync; "
+                                  f"its sources: {', '.join(s.name for s in specs)}")
+            return sync_sources(self.settings, specs, progress, on_source, stop, on_searchable,
+                                frozenset(allow_deletes))
+
+    @contextmanager
+    def _full_disk_named(self) -> Iterator[None]:
+        """A full disk as DiskFull (one line: which store, nothing lost), not the chain of errors it set off."""
+        try:
+            yield
+        except (StoreError, ConfigError):
+            raise
+        except Exception as exc:
+            full = disk_full(exc, str(self.home))
+            if full is None:
+                raise
+            raise full from None
 
     def watch(self, specs: list[SourceSpec], interval: float,
               on_sync: Callable[[str, SyncReport], None] | None = None) -> None:
@@ -812,9 +827,10 @@ class Brain:
         """Do Chroma, the manifest and BM25 agree? `repair` fixes them, `compact` rebuilds Chroma (ingest/doctor.py)."""
         from rag_app.ingest.doctor import run_doctor
 
-        sessions = self._check_sessions(repair)
         try:
-            result = run_doctor(self.settings, repair=repair, compact=compact)
+            with self._full_disk_named():
+                sessions = self._check_sessions(repair)
+                result = run_doctor(self.settings, repair=repair, compact=compact)
         finally:
             self.close()  # repaired or compacted stores are reopened by the next search
         return result | {"ok": result["ok"] and sessions["ok"], "sessions": sessions}

@@ -19,6 +19,7 @@ from rag_app.engine import (
     BackgroundWatch,
     Brain,
     ConfigError,
+    DiskFull,
     SearchError,
     SourceReport,
     StoreError,
@@ -69,13 +70,21 @@ def _open(ctx: click.Context, create: bool = False) -> Brain:
     for notice in brain.notices:
         click.echo(f"brain: {_plain(notice)}", err=True)
     ctx.obj["created_home"] = brain.home.absolute() if brain.create_home() else None
-    handler = logging.FileHandler(brain.settings.log_path, encoding="utf-8", delay=True)
+    handler = _LogFile(brain.settings.log_path, encoding="utf-8", delay=True)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger("cflow_brain")
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
     root.propagate = False
     return brain
+
+
+class _LogFile(logging.FileHandler):
+    """brain.log. A record that cannot be written (a full disk) is dropped: a traceback for each would bury the one
+    line the command prints about it."""
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+        return None
 
 
 def _demo_hint(home: Path) -> str:
@@ -116,12 +125,15 @@ def _fail(message: str, code: int, as_json: bool = False) -> NoReturn:
 
 @contextmanager
 def _reported(as_json: bool = False) -> Iterator[None]:
-    """The engine's errors as one line on stderr and the documented exit code (busy 3, bad input or setup 2); with
+    """The engine's errors as one line on stderr and the documented exit code (busy 3, bad input or setup 2, a full
+    disk 1); with
     `as_json`, also as {"error", "exit_code"} on stdout, so a script reading the JSON is not left with nothing."""
     try:
         yield
     except SyncBusyError as exc:
         _fail(str(exc), EXIT_BUSY, as_json)
+    except DiskFull as exc:
+        _fail(str(exc), EXIT_FAILED, as_json)
     except (ConfigError, SearchError, StoreError) as exc:
         _fail(str(exc), EXIT_USAGE, as_json)
 
