@@ -54,8 +54,12 @@ def open_home(home: Path) -> str | None:
     is another user's or writable by others; else make what others may read private. The line saying what was
     tightened, or None. A home that does not exist yet is fine: make_home creates it private."""
     keep_private()
+    reason = others_symlink(home.absolute())
+    if reason:
+        raise ConfigError(f"{reason}: a home is never reached through another user's symlink (what is written there "
+                          "would land where they chose); use a home of your own (--home)")
     try:
-        top = os.stat(home)  # a home given as a symlink is the folder it names
+        top = os.stat(home)  # a home given as a symlink of this user's is the folder it names
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -80,6 +84,21 @@ def not_ours(path: str | Path, info: os.stat_result) -> str | None:
     if info.st_uid == uid:
         return None
     return f"{path} belongs to uid {info.st_uid}{_user_name(info.st_uid)}, not to this user (uid {uid})"
+
+
+def others_symlink(path: Path) -> str | None:
+    """Why `path` leads where another user chose, or None: it, or a folder on the way to it, is a symlink of someone
+    else's but root's (one planted in a sticky folder such as /tmp, pointing to a folder of ours: what we write would
+    land there, among our own files)."""
+    uid = os.geteuid()
+    for step in (path, *path.parents):
+        try:
+            info = os.lstat(step)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(info.st_mode) and info.st_uid not in (uid, 0):
+            return f"{step} is a symlink of uid {info.st_uid}'s{_user_name(info.st_uid)}"
+    return None
 
 
 def writers(mode: int) -> str:

@@ -11,7 +11,7 @@ import shutil
 import stat
 from pathlib import Path
 
-from rag_app.index.private import not_ours, writers
+from rag_app.index.private import not_ours, others_symlink, writers
 
 log = logging.getLogger("cflow_brain.cache")
 FOLDER = "cflow-brain"
@@ -31,7 +31,7 @@ def cache_dir() -> Path | None:
         folder = root / FOLDER
         folder.mkdir(mode=0o700, exist_ok=True)
         resolved = folder.resolve(strict=True)
-        reason = _others_symlink(folder) or _not_private(resolved)
+        reason = others_symlink(folder) or _not_private(resolved)
         if reason is None and resolved not in _swept:
             reason = _remove_others_entries(resolved)
             if reason is None:
@@ -74,17 +74,6 @@ def _not_private(folder: Path) -> str | None:
             return f"{above}, above it, belongs to uid {info.st_uid}"
         if info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
             return f"{above}, above it, is writable by {writers(info.st_mode)} (mode {stat.S_IMODE(info.st_mode):04o})"
-    return None
-
-
-def _others_symlink(path: Path) -> str | None:
-    """Why `path` leads where another user chose, or None: it, or a folder on the way to it, is a symlink of someone
-    else's but root's (one planted in a sticky folder such as /tmp, pointing to a folder of ours)."""
-    uid = os.geteuid()
-    for step in (path, *path.parents):
-        info = os.lstat(step)
-        if stat.S_ISLNK(info.st_mode) and info.st_uid not in (uid, 0):
-            return f"{step} is a symlink of uid {info.st_uid}'s"
     return None
 
 

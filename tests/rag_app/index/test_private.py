@@ -140,3 +140,24 @@ def test_brain_status_json_still_reads_a_tightened_home(home: Path):
     done = brain(home, "status", "--json")
     assert done.returncode == 0 and json.loads(done.stdout)["notes"] == 0
     assert done.stderr.count("\n") == 1 and "made the home" in done.stderr
+
+
+@as_root
+def test_a_home_through_another_users_symlink_is_refused_and_nothing_is_written_where_it_points(shared_tmp: Path,
+                                                                                             tmp_path: Path):
+    """The /tmp symlink trick: another user points /tmp/brain-home at a folder of ours (say ~/public_html); a sync
+    there would tighten our files and write the index among them."""
+    mine = tmp_path / "public_html"
+    mine.mkdir(mode=0o755)
+    (mine / "index.html").write_text("hello")
+    (mine / "index.html").chmod(0o644)
+    link = shared_tmp / "brain-home"
+    link.symlink_to(mine)
+    os.chown(link, NOBODY, NOBODY, follow_symlinks=False)
+    vault = write_files(tmp_path / "vault", {"a.md": "# A\n\nalpha"})
+    done = brain(link, "sync", "--vault", str(vault))
+    assert done.returncode == 2
+    [line] = done.stderr.splitlines()
+    assert line.startswith(f"brain: {link} is a symlink of uid {NOBODY}'s (nobody): a home is never reached"), line
+    assert [p.name for p in mine.iterdir()] == ["index.html"]
+    assert stat.S_IMODE((mine / "index.html").stat().st_mode) == 0o644
