@@ -448,9 +448,14 @@ def model_slug(model: str) -> str:
     return slug or "model"
 
 
+def resolve_home(home: str | os.PathLike[str] | None = None) -> Path:
+    """The home a command uses: the one given, else default_home()."""
+    return Path(home).expanduser() if home else default_home()
+
+
 def load_settings(home: str | os.PathLike[str] | None = None, store_url: str | None = None) -> Settings:
     """Read `<home>/config.toml` (optional) and the environment; flags given here win."""
-    home_path = Path(home).expanduser() if home else default_home()
+    home_path = resolve_home(home)
     settings = Settings(home=home_path)
     config_file = home_path / CONFIG_FILE
     if config_file.exists():

@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rag_app.answers.sessions import HISTORY_TURNS, SessionError, SessionNotFound, SessionStore
+from rag_app.answers.sessions import HISTORY_TURNS, SessionError, SessionNotFound, SessionStore, SessionStoreError
 from rag_app.answers.sessions import validate_name as validate_session_name
 from rag_app.config import (
     ConfigError,
@@ -22,10 +22,12 @@ from rag_app.config import (
     SourceSpec,
     load_settings,
     memos_source,
+    resolve_home,
     vault_source,
 )
 from rag_app.index.manifest import Manifest
-from rag_app.index.store import StoreError
+from rag_app.index.private import make_home, open_home
+from rag_app.index.store import DiskFull, StoreError, disk_full
 from rag_app.ingest.capture import MAX_CAPTURE_BYTES, MAX_TAGS, MAX_TITLE_CHARS, CaptureError
 from rag_app.ingest.chunking import CHUNKER_VERSION, chunker_id
 from rag_app.ingest.fresh import SourceError
@@ -53,7 +55,7 @@ if TYPE_CHECKING:
     from rag_app.search.retrieve import NoteFusionRetriever, SearchIndex, SearchResponse
 
 __all__ = ["MAX_CAPTURE_BYTES", "MAX_TAGS", "MAX_TITLE_CHARS", "BackgroundWatch", "Brain", "CaptureError",
-           "ConfigError", "NoteNotFound", "Progress", "SearchError",
+           "ConfigError", "DiskFull", "NoteNotFound", "Progress", "SearchError",
            "SessionError", "SessionNotFound", "SourceError", "SourceReport", "StopRequested", "StoreError",
            "SyncBusyError", "SyncReport", "time_left"]
 
@@ -74,7 +76,12 @@ class Brain:
     """A home directory's index: sources, sync, status (and, on top of these, search and answers)."""
 
     def __init__(self, home: str | os.PathLike[str] | None = None, store_url: str | None = None):
-        self.settings: Settings = load_settings(home, store_url=store_url)
+        """Refuses (ConfigError) a home that is not this user's alone, before its config.toml is read; an older
+        home others could read is made private, and `notices` says so (a shell shows it)."""
+        home_path = resolve_home(home)
+        notice = open_home(home_path)
+        self.notices: list[str] = [notice] if notice else []
+        self.settings: Settings = load_settings(home_path, store_url=store_url)
         self._search_index: SearchIndex | None = None
         self._search_models: tuple[str, ...] = ()
         self._progress: tuple[str, tuple[str, ...]] | None = None
@@ -91,6 +98,10 @@ class Brain:
     @property
     def home(self) -> Path:
         return self.settings.home
+
+    def create_home(self) -> bool:
+        """Make the home (private: 0700) if it does not exist; whether it was made."""
+        return make_home(self.settings.home)
 
     @property
     def obsidian_links(self) -> bool:
@@ -155,12 +166,27 @@ class Brain:
         allow_deletes: tuple[str, ...] = (),
     ) -> SyncReport:
         """`allow_deletes`: sources of this run whose listing may delete most of their notes (see sync._mass_delete)."""
-        specs = self.resolve_sources(vaults, memos, names)
-        outside = sorted(set(allow_deletes) - {s.name for s in specs})
-        if outside:
-            raise ConfigError(f"--allow-deletes {outside[0]}: not a source of this sync; "
-                              f"its sources: {', '.join(s.name for s in specs)}")
-        return sync_sources(self.settings, specs, progress, on_source, stop, on_searchable, frozenset(allow_deletes))
+        with self._full_disk_named():
+            specs = self.resolve_sources(vaults, memos, names)
+            outside = sorted(set(allow_deletes) - {s.name for s in specs})
+            if outside:
+                raise ConfigError(f"--allow-deletes {outside[0]}: not a source of this sync; "
+                                  f"its sources: {', '.join(s.name for s in specs)}")
+            return sync_sources(self.settings, specs, progress, on_source, stop, on_searchable,
+                                frozenset(allow_deletes))
+
+    @contextmanager
+    def _full_disk_named(self) -> Iterator[None]:
+        """A full disk as DiskFull (one line: which store, nothing lost), not the chain of errors it set off."""
+        try:
+            yield
+        except (StoreError, ConfigError):
+            raise
+        except Exception as exc:
+            full = disk_full(exc, str(self.home))
+            if full is None:
+                raise
+            raise full from None
 
     def watch(self, specs: list[SourceSpec], interval: float,
               on_sync: Callable[[str, SyncReport], None] | None = None) -> None:
@@ -572,10 +598,16 @@ class Brain:
 
     def _remember(self, session: str | None, turn_id: str | None, question: str,
                   response: AnswerResponse) -> AnswerResponse:
+        """Store the turn; when the sessions file cannot take it (locked, full, damaged), the answer is still given
+        and `coverage["session_not_saved"]` says why."""
         if session is not None:
-            self._sessions.append(session, {"question": question, "answer": response.answer,
-                                            "citations": response.citations, "coverage": response.coverage,
-                                            "mode": response.mode}, turn_id)
+            try:
+                self._sessions.append(session, {"question": question, "answer": response.answer,
+                                                "citations": response.citations, "coverage": response.coverage,
+                                                "mode": response.mode}, turn_id)
+            except SessionStoreError as exc:
+                log.warning("the answer was given but not saved in session %r: %s", session, exc)
+                response.coverage["session_not_saved"] = f"this answer was not saved in session {session!r}: {exc}"
         return response
 
     @property
@@ -809,9 +841,22 @@ class Brain:
         from rag_app.ingest.doctor import run_doctor
 
         try:
-            return run_doctor(self.settings, repair=repair, compact=compact)
+            with self._full_disk_named():
+                sessions = self._check_sessions(repair)
+                result = run_doctor(self.settings, repair=repair, compact=compact)
         finally:
             self.close()  # repaired or compacted stores are reopened by the next search
+        return result | {"ok": result["ok"] and sessions["ok"], "sessions": sessions}
+
+    def _check_sessions(self, repair: bool) -> dict[str, Any]:
+        """The conversations file for `doctor`: {"ok", "problem", "set_aside"}; with `repair`, a damaged one is moved
+        aside (kept, not deleted) and the next conversation starts a new file."""
+        store = self._sessions
+        problem = store.check()
+        moved = str(store.set_aside()) if problem and repair else None
+        if moved:
+            log.warning("doctor set the damaged %s aside as %s", store.path, moved)
+        return {"ok": problem is None or moved is not None, "problem": problem, "set_aside": moved}
 
     def remove_source(self, name: str) -> dict[str, Any]:
         """Drop a source and every note it contributed: the only way notes leave the index besides deletion."""

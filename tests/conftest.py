@@ -98,12 +98,24 @@ def make_vault(tmp_path: Path) -> Callable[..., Path]:
     return make
 
 
+@pytest.fixture(autouse=True)
+def _umask_kept() -> Iterator[None]:
+    """A Brain opened in the test process makes its umask 077 (rag_app.index.private): the next test starts with
+    the umask the session had."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    yield
+    os.umask(umask)
+
+
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A brain home configured with the fast model (USE-m3): sync tests embed in milliseconds, not seconds."""
+    """A brain home configured with the fast model (USE-m3): sync tests embed in milliseconds, not seconds. Private,
+    as `brain` makes a home."""
     path = tmp_path / "home"
-    path.mkdir()
+    path.mkdir(mode=0o700)
     (path / "config.toml").write_text('[embedding]\nmodel = "use-m3"\n', encoding="utf-8")
+    (path / "config.toml").chmod(0o600)
     for var in ("BRAIN_HOME", "BRAIN_STORE_URL", "CFLOW_API_TOKEN", "MEMOS_TOKEN"):
         monkeypatch.delenv(var, raising=False)
     return path

@@ -12,15 +12,17 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import os
 import re
 import sqlite3
 import time
-from contextlib import closing
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from rag_app.answers.answer import CITATION_MARK, content_words
 from rag_app.index.manifest import enable_wal
+from rag_app.index.store import StoreError
 from rag_app.search.query import SearchError
 
 MAX_NAME_CHARS = 80
@@ -29,6 +31,7 @@ SUBJECT_TERMS = 6  # carried from the last turn into a follow-up's query without
 HISTORY_ANSWER_CHARS = 1500  # of each earlier answer sent back to the LLM
 CONDENSE_TURNS = 4
 HISTORY_TURNS = 50  # earlier turns a question is read with (4 condense it; the LLM's history budget rarely fits 50)
+WAIT_SECONDS = 30.0  # how long a call waits for another process's write to the file
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -52,6 +55,10 @@ class SessionError(SearchError):
 
 class SessionNotFound(SessionError, LookupError):
     """No session with that name."""
+
+
+class SessionStoreError(StoreError):
+    """sessions.sqlite cannot be read or written (damaged, locked, a full disk): one line naming the file."""
 
 
 def validate_name(name: object) -> str:
@@ -82,9 +89,55 @@ class SessionStore:
     def __init__(self, path: Path):
         self.path = path
 
+    @contextlib.contextmanager
+    def _db(self) -> Iterator[sqlite3.Connection]:
+        """A connection for one call; SQLite's errors as SessionStoreError, saying which file and what to do."""
+        try:
+            with contextlib.closing(self._connect()) as conn:
+                yield conn
+        except sqlite3.Error as exc:
+            raise SessionStoreError(self.problem(exc)) from None
+
+    def problem(self, exc: sqlite3.Error) -> str:
+        """One line for an SQLite error on this file: damaged, locked or full, and what to do about it."""
+        text = str(exc)
+        if "locked" in text or "busy" in text:
+            return (f"{self.path} is locked by another process (waited {WAIT_SECONDS:g} s); conversations are not "
+                    "saved until it lets go")
+        if "full" in text:
+            return f"{self.path}: the disk is full; conversations are not saved until there is room"
+        if isinstance(exc, sqlite3.OperationalError) and "malformed" not in text and "not a database" not in text:
+            return f"{self.path} cannot be used ({text})"
+        return (f"{self.path} is damaged ({text}); `brain doctor --repair` sets it aside and starts a new one "
+                "(notes are not affected)")
+
+    def check(self) -> str | None:
+        """What is wrong with the file (for `brain doctor`), or None; a home without conversations is fine."""
+        if not self.path.exists():
+            return None
+        try:
+            conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=WAIT_SECONDS)
+            with contextlib.closing(conn):
+                result = [row[0] for row in conn.execute("PRAGMA quick_check")]
+                conn.execute("SELECT COUNT(*) FROM turns").fetchone()
+        except sqlite3.Error as exc:
+            return self.problem(exc)
+        if result != ["ok"]:
+            return self.problem(sqlite3.DatabaseError("; ".join(result[:3])))
+        return None
+
+    def set_aside(self) -> Path:
+        """Move a damaged file (and its -wal and -shm, which belong to it alone) to
+        `sessions.sqlite.damaged-<time>`: kept for whoever wants to recover it; the next conversation starts anew."""
+        aside = self.path.with_name(f"{self.path.name}.damaged-{dt.datetime.now():%Y%m%d-%H%M%S}")
+        for suffix in ("-wal", "-shm", ""):
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(f"{self.path}{suffix}", f"{aside}{suffix}")
+        return aside
+
     def _connect(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        conn = sqlite3.connect(self.path, timeout=WAIT_SECONDS, isolation_level=None)
         enable_wal(conn)
         conn.execute("PRAGMA foreign_keys=ON")
         conn.executescript(_SCHEMA)
@@ -104,7 +157,7 @@ class SessionStore:
         name = validate_name(name)
         if not self.path.exists():
             return []
-        with closing(self._connect()) as conn:
+        with self._db() as conn:
             end = self._count(conn, name) if before is None else before
             start = 0 if last is None else max(0, end - last)
             rows = conn.execute(
@@ -125,7 +178,7 @@ class SessionStore:
         name = validate_name(name)
         turn_id = validate_turn_id(turn_id) if turn_id is not None else None
         now = time.time()
-        with closing(self._connect()) as conn:
+        with self._db() as conn:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 session_id = self._id(conn, name)
@@ -153,7 +206,7 @@ class SessionStore:
         name, turn_id = validate_name(name), validate_turn_id(turn_id)
         if not self.path.exists():
             return None
-        with closing(self._connect()) as conn:
+        with self._db() as conn:
             session_id = self._id(conn, name)
             row = self._turn_row(conn, session_id, turn_id, question) if session_id is not None else None
         if row is None:
@@ -175,7 +228,7 @@ class SessionStore:
         """Every session, most recently used first."""
         if not self.path.exists():
             return []
-        with closing(self._connect()) as conn:
+        with self._db() as conn:
             rows = conn.execute(
                 "SELECT s.name, s.updated, (SELECT COUNT(*) FROM turns t WHERE t.session_id = s.id), "
                 "(SELECT question FROM turns t WHERE t.session_id = s.id ORDER BY t.id DESC LIMIT 1) "
@@ -188,7 +241,7 @@ class SessionStore:
         name = validate_name(name)
         if not self.exists(name):
             raise SessionNotFound(f"no session named {name!r}")
-        with closing(self._connect()) as conn:
+        with self._db() as conn:
             total = self._count(conn, name)
         end = total if before is None else min(before, total)
         turns = self.turns(name, last, end)
@@ -197,12 +250,12 @@ class SessionStore:
     def exists(self, name: str) -> bool:
         if not self.path.exists():
             return False
-        with closing(self._connect()) as conn:
+        with self._db() as conn:
             return self._id(conn, validate_name(name)) is not None
 
     def rename(self, old: str, new: str) -> None:
         old, new = validate_name(old), validate_name(new)
-        with closing(self._connect()) as conn:
+        with self._db() as conn:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 if self._id(conn, old) is None:
@@ -217,7 +270,7 @@ class SessionStore:
 
     def delete(self, name: str) -> None:
         name = validate_name(name)
-        with closing(self._connect()) as conn:
+        with self._db() as conn:
             if conn.execute("DELETE FROM sessions WHERE name = ?", (name,)).rowcount == 0:
                 raise SessionNotFound(f"no session named {name!r}")
 
@@ -237,7 +290,7 @@ class SessionStore:
         base = base if len(base) <= TITLE_CHARS else base[:TITLE_CHARS - 1].rstrip() + "…"
         base = "".join(char if char.isprintable() else " " for char in base)
         now = time.time()
-        with closing(self._connect()) as conn:
+        with self._db() as conn:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 name, n = validate_name(base), 1

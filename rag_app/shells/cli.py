@@ -19,6 +19,7 @@ from rag_app.engine import (
     BackgroundWatch,
     Brain,
     ConfigError,
+    DiskFull,
     SearchError,
     SourceReport,
     StoreError,
@@ -66,15 +67,24 @@ def _open(ctx: click.Context, create: bool = False) -> Brain:
     if not create and not brain.home.is_dir():
         _fail(f"no home at {brain.home.absolute()}: `brain sync --vault DIR` (or --memos URL) with this home creates "
               f"it{_demo_hint(brain.home)}", EXIT_USAGE)
-    ctx.obj["created_home"] = brain.home.absolute() if not brain.home.exists() else None
-    brain.home.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(brain.settings.log_path, encoding="utf-8", delay=True)
+    for notice in brain.notices:
+        click.echo(f"brain: {_plain(notice)}", err=True)
+    ctx.obj["created_home"] = brain.home.absolute() if brain.create_home() else None
+    handler = _LogFile(brain.settings.log_path, encoding="utf-8", delay=True)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger("cflow_brain")
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
     root.propagate = False
     return brain
+
+
+class _LogFile(logging.FileHandler):
+    """brain.log. A record that cannot be written (a full disk) is dropped: a traceback for each would bury the one
+    line the command prints about it."""
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+        return None
 
 
 def _demo_hint(home: Path) -> str:
@@ -115,12 +125,15 @@ def _fail(message: str, code: int, as_json: bool = False) -> NoReturn:
 
 @contextmanager
 def _reported(as_json: bool = False) -> Iterator[None]:
-    """The engine's errors as one line on stderr and the documented exit code (busy 3, bad input or setup 2); with
+    """The engine's errors as one line on stderr and the documented exit code (busy 3, bad input or setup 2, a full
+    disk 1); with
     `as_json`, also as {"error", "exit_code"} on stdout, so a script reading the JSON is not left with nothing."""
     try:
         yield
     except SyncBusyError as exc:
         _fail(str(exc), EXIT_BUSY, as_json)
+    except DiskFull as exc:
+        _fail(str(exc), EXIT_FAILED, as_json)
     except (ConfigError, SearchError, StoreError) as exc:
         _fail(str(exc), EXIT_USAGE, as_json)
 
@@ -428,6 +441,8 @@ def ask_command(ctx: click.Context, question: str, k: int, session: str | None, 
         from rag_app.answers.llm import missing_message
 
         click.echo(f"brain: {missing_message(coverage['llm_missing'])}; showing passages", err=True)
+    if coverage.get("session_not_saved"):
+        click.echo(f"brain: {_plain(coverage['session_not_saved'])}", err=True)
 
 
 def _unmark(text: str) -> str:
@@ -458,7 +473,8 @@ def sessions_group(ctx: click.Context, as_json: bool) -> None:
     """List conversations (name, turns, last question, last used), newest first; `delete NAME` removes one."""
     if ctx.invoked_subcommand is not None:
         return
-    rows = _open(ctx).sessions()
+    with _reported(as_json):
+        rows = _open(ctx).sessions()
     if as_json:
         _print_json(rows)
         return
@@ -662,7 +678,17 @@ def _print_doctor(result: dict[str, Any]) -> None:
     for kind, found in result["problems"].items():
         if found["count"]:
             click.echo(f"{kind}: {found['count']} (e.g. {_plain(', '.join(found['examples'][:3]))})")
-    click.echo("ok: the stores agree" if result["ok"] else "the stores disagree: run `brain doctor --repair`")
+    _print_sessions_check(result["sessions"])
+    stores_ok = not any(found["count"] for found in result["problems"].values())
+    click.echo("ok: the stores agree" if stores_ok else "the stores disagree: run `brain doctor --repair`")
+
+
+def _print_sessions_check(sessions: dict[str, Any]) -> None:
+    if sessions["set_aside"]:
+        click.echo(f"sessions: the damaged file was set aside as {_plain(sessions['set_aside'])}; the next "
+                   "conversation starts a new one")
+    elif sessions["problem"]:
+        click.echo(f"sessions: {_plain(sessions['problem'])}")
 
 
 

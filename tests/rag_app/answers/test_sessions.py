@@ -328,3 +328,57 @@ def test_an_unreachable_llm_is_named_as_such_and_the_turn_is_kept(talk_home, mon
                                       "showing passages.")
     assert response.coverage["condensed_query"].startswith(FOLLOW_UP + " 电影清单")  # the rule without an LLM
     assert [t["mode"] for t in brain.session("down")["turns"]] == ["extractive", "extractive"]
+
+
+def test_a_damaged_sessions_file_is_named_by_every_session_command_and_doctor_sets_it_aside(talk_home: Path):
+    """Issue 30 (Medium 11): a sessions.sqlite that is not a database, once a traceback on every session command."""
+    from tests.rag_app.shells.test_cli import brain
+
+    damaged = talk_home / "sessions.sqlite"
+    damaged.write_bytes(b"not a database at all " * 100)
+    for args in (["ask", FIRST, "--session", "films"], ["sessions"], ["sessions", "--json"],
+                 ["sessions", "delete", "films"]):
+        done = brain(talk_home, *args)
+        assert done.returncode == 2, (args, done.stderr)
+        [line] = done.stderr.splitlines()
+        assert line.startswith(f"brain: {damaged} is damaged (file is not a database); `brain doctor --repair` sets "
+                               "it aside"), line
+    checked = brain(talk_home, "doctor")
+    assert checked.returncode == 1 and f"sessions: {damaged} is damaged" in checked.stdout
+    assert "ok: the stores agree" in checked.stdout, "the notes' stores are fine: only conversations are lost"
+    assert damaged.read_bytes().startswith(b"not a database"), "a check changes nothing"
+    repaired = brain(talk_home, "doctor", "--repair")
+    assert repaired.returncode == 0, repaired.stdout
+    [aside] = talk_home.glob("sessions.sqlite.damaged-*")
+    assert f"sessions: the damaged file was set aside as {aside}" in repaired.stdout
+    assert aside.read_bytes().startswith(b"not a database") and not damaged.exists()
+    assert brain(talk_home, "ask", FIRST, "--session", "films").returncode == 0
+    assert brain(talk_home, "sessions").stdout.startswith("films\t1 turn(s)")
+    assert brain(talk_home, "doctor").returncode == 0
+
+
+def test_a_sessions_file_locked_past_the_wait_still_prints_the_answer_and_says_it_was_not_saved(
+        talk_home: Path, monkeypatch: pytest.MonkeyPatch):
+    """Issue 30 (Low): another process holding the file's write lock longer than the wait (30 s; 1 s here) once
+    lost the answer already computed to a traceback."""
+    from click.testing import CliRunner
+
+    from rag_app.answers import sessions
+    from rag_app.shells import cli
+
+    monkeypatch.setattr(sessions, "WAIT_SECONDS", 1.0)
+    Brain(talk_home).ask(FIRST, session="films")  # the file exists, in WAL mode
+    holder = sqlite3.connect(talk_home / "sessions.sqlite", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # a writer that does not let go: readers go on, other writers wait
+    try:
+        done = CliRunner().invoke(cli.main, ["--home", str(talk_home), "--no-daemon", "ask", FOLLOW_UP,
+                                             "--session", "films"])
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert done.exit_code == 0, done.output
+    assert done.stdout.startswith("Extractive answer (no LLM configured)")
+    [line] = done.stderr.splitlines()[-1:]
+    assert line == (f"brain: this answer was not saved in session 'films': {talk_home / 'sessions.sqlite'} is locked "
+                    "by another process (waited 1 s); conversations are not saved until it lets go")
+    assert [s["turns"] for s in Brain(talk_home).sessions()] == [1]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from pathlib import Path
 
@@ -36,6 +37,8 @@ def vault_home(home: Path, vault: Path, folder: str = "Inbox") -> Brain:
 
 
 def test_a_captured_vault_note_is_a_new_file_in_the_inbox_and_searchable_at_once(home: Path, make_vault):
+    umask = os.umask(0o022)
+    os.umask(umask)
     vault = make_vault({"movies.md": "# 电影清单\n《千与千寻》\n"})
     brain = vault_home(home, vault)
     brain.search("电影", 3)  # the index is open before the capture: it must notice the new note by itself
@@ -45,6 +48,8 @@ def test_a_captured_vault_note_is_a_new_file_in_the_inbox_and_searchable_at_once
     assert saved["indexed"] is True and saved["kind"] == "vault"
     assert saved["note_id"] == f"vault:notes/{saved['path']}" and saved["path"].startswith("Inbox/")
     written = (vault / saved["path"]).read_text(encoding="utf-8")
+    modes = [stat.S_IMODE((vault / path).stat().st_mode) for path in (saved["path"], "Inbox")]
+    assert modes == [0o644 & ~umask, 0o755 & ~umask], "a vault note, not one of the home's private files"
     front = yaml.safe_load(written.split("---\n")[1])
     assert front["title"] == "观影计划: 周五" and front["tags"] == ["电影", "计划"] and front["created"]
     assert written.rstrip().endswith("决定周五去看《奥本海默》，买 IMAX 票。")

@@ -165,3 +165,62 @@ def test_searches_while_another_process_syncs_see_old_or_new_notes_and_never_fai
     assert isinstance(json.loads(cli_out)["results"], list)
     assert seen <= old.keys() | new.keys()
     assert convergence_problems(home, new) == []
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 4 MB file system (tmpfs), for a full disk; mounting takes root (CI runs as root)."""
+    import os
+
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(mount_point)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (uid {os.geteuid()}): {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=True)
+
+
+def fill_up(disk: Path) -> Path:
+    """Take every free byte of `disk` with one file (removed to make room again)."""
+    import os
+
+    filler = disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError:
+        return filler
+    finally:
+        os.close(fd)
+
+
+def test_a_full_disk_gives_one_line_naming_the_store_and_nothing_is_lost(small_disk: Path, tmp_path: Path):
+    """Issue 30 (Medium 7): a sync or doctor on a full disk once printed two chained tracebacks (~60 lines)."""
+    home = small_disk / "home"
+    home.mkdir(mode=0o700)
+    (home / "config.toml").write_text('[embedding]\nmodel = "use-m3"\n', encoding="utf-8")
+    vault = tmp_path / "vault"
+    write_notes(vault, 3)
+    first = run_brain(home, "sync", "--vault", str(vault))
+    assert first.returncode == 0, first.stderr
+    before = snapshot(home)
+    write_notes(vault, 40)  # the same 3 and 37 more
+    filler = fill_up(small_disk)
+    for args in (["sync"], ["doctor"]):
+        done = run_brain(home, *args)
+        assert done.returncode == 1, (args, done.stderr)
+        assert len(done.stderr.splitlines()) == 1, done.stderr
+        [line] = done.stderr.splitlines()
+        assert line.startswith(f"brain: the disk of {home} is full: ") and "nothing was lost" in line, line
+        assert any(store in line for store in ("docstore.sqlite", "index.sqlite", "chroma/", "bm25/")), line
+    filler.unlink()
+    assert snapshot(home) == before, "what was synced before is all there"
+    again = run_brain(home, "sync")
+    assert again.returncode == 0, again.stderr
+    assert len(snapshot(home)["notes"]) == 40
+    assert run_brain(home, "doctor").returncode == 0

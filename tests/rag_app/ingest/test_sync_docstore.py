@@ -140,3 +140,17 @@ def test_a_docstore_file_deleted_by_hand_is_filled_again_at_the_next_sync_with_a
     report, source = sync(home, vault)
     assert (source.updated, source.unchanged) == (1, 2)
     assert stored(home) == manifest_hashes(home) and len(stored(home)) == 3
+
+
+def test_a_read_only_docstore_is_named_in_the_sources_failure(home: Path, make_vault):
+    """Issue 30 (Low): "attempt to write a readonly database" once named no file. Run with file modes in force."""
+    from tests.conftest import as_an_ordinary_user
+
+    vault = make_vault({"a.md": "# A\n\nalpha"})
+    sync(home, vault)
+    (vault / "b.md").write_text("# B\n\nbeta", encoding="utf-8")
+    (home / DOCSTORE_FILE).chmod(0o400)
+    with as_an_ordinary_user():
+        [source] = Brain(home).sync(vaults=(str(vault),)).sources
+    assert source.failed and source.error == (f"{home / DOCSTORE_FILE}: attempt to write a readonly database (the "
+                                              "docstore must be writable by you: chmod u+w)")

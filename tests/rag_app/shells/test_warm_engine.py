@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from rag_app.answers.sessions import SessionStore
-from rag_app.config import CONFIG_FILE, load_settings
+from rag_app.config import CONFIG_FILE, ConfigError, load_settings
 from rag_app.engine import Brain
 from rag_app.shells import cli, warm_engine
 from tests.conftest import REPO, as_an_ordinary_user, stop
@@ -428,8 +428,11 @@ def test_a_socket_owned_by_another_user_is_never_used(tmp_path: Path):
 def test_a_server_never_serves_from_another_users_socket_folder(tmp_path: Path):
     home = tmp_path / "home"
     stale = stale_socket(home)
+    brain = Brain(home)  # opened first: a home holding another user's folder is refused (rag_app.index.private)
     os.chown(stale.parent, 65534, 65534)
-    engine = warm_engine.WarmEngine(Brain(home), "test", printing_run, "")
+    with pytest.raises(ConfigError, match=f"^{stale.parent} belongs to uid 65534"):
+        Brain(home)
+    engine = warm_engine.WarmEngine(brain, "test", printing_run, "")
     assert engine.start() == f"{stale.parent} is not a folder of this user's"
     engine.stop()
     assert stale.is_socket()  # left alone: not ours to remove
