@@ -350,8 +350,11 @@ def _without_leads(text: str) -> str:
 
 
 def _time_filter_line(coverage: dict[str, Any]) -> str | None:
-    """The date range a time phrase in the query became ("上个月的读书笔记"), which filters what is found."""
-    phrase = coverage.get("time_phrase")
+    """The date range a time phrase in the query became ("上个月的读书笔记"), which filters what is found, or why a
+    time phrase filtered nothing (no note is dated in its range: it was searched as words)."""
+    phrase, ignored = coverage.get("time_phrase"), coverage.get("time_phrase_ignored")
+    if ignored:
+        return f"(\"{_plain(ignored)}\" filtered nothing: no note is dated in that range, so it was searched as words)"
     if not phrase:
         return None
     return f"(time filter from \"{_plain(phrase['phrase'])}\": {phrase['since']} – {phrase['until']})"

@@ -416,6 +416,16 @@ def test_a_written_answer_names_its_model_and_a_time_phrase_its_filter(home, mak
     assert '(time filter from "2024年3月": 2024-03-01 – 2024-03-31)' in plain and "written by" not in plain
 
 
+def test_a_time_phrase_that_filters_nothing_is_said_in_text_as_in_json(home, make_vault):
+    """"1998年" with no note dated then is searched as words: the text output says so, not only --json."""
+    vault = make_vault({"cup.md": "---\ndate: 2024-06-01\n---\n# World Cup\n\nFrance won the 1998 World Cup.\n"})
+    assert brain(home, "sync", "--vault", str(vault)).returncode == 0
+    line = '("1998年" filtered nothing: no note is dated in that range, so it was searched as words)'
+    for command in ("search", "ask"):
+        done = brain(home, command, "1998年 World Cup", env={"LLM_BASE_URL": "", "LLM_MODEL": ""})
+        assert done.returncode == 0 and line in done.stdout.splitlines(), done.stdout
+
+
 def test_help_lists_every_command_in_whole_sentences_and_every_json_flag_is_explained(home):
     top = brain(home, "--help").stdout
     commands = top.split("Commands:")[1].strip().splitlines()
