@@ -462,16 +462,20 @@ class MemosClient:
                 body = self.parse_json(response.content, f"GET {path}")
             except MemosError:
                 continue
-            if not isinstance(body, dict):
-                continue
-            version = _parse_version(body.get("version") or (body.get("profile") or {}).get("version"))
+            profile = body.get("profile") if isinstance(body, dict) and generation == "old" else body
+            if not isinstance(profile, dict) or not isinstance(profile.get("version"), str):
+                continue  # every Memos profile names its version: another JSON server's 200 is not one
+            version = _parse_version(profile["version"])
             if generation == "old" or (version and version < (0, 22)):
                 return MemosApi("old", version)
             if version and version < (0, 24):
                 return MemosApi("v0.22", version)
             return MemosApi("new", version)
-        if self.request("GET", "/api/v1/memo", {"limit": 1}).status_code < 400:
-            return MemosApi("old", ())
+        # the fallback the API history allows: no /api/v1/memos, and /api/v1/memo lists memos as an array
+        if self.request("GET", "/api/v1/memos", {"pageSize": 1}).status_code == 404:
+            response = self.request("GET", "/api/v1/memo", {"limit": 1})
+            if response.status_code < 400 and _is_json_list(response.content):
+                return MemosApi("old", ())
         raise self._error(f"{self.base_url} does not look like a Memos server (no known API endpoint answered)")
 
     def current_user(self, api: MemosApi) -> dict[str, Any] | None:
@@ -583,7 +587,7 @@ class MemosClient:
                 query["pageToken"] = token
             what = f" (page {page + 1})"
             body = self.get_json(path, query, what=what)
-            if not isinstance(body, dict) or not isinstance(body.get("memos", []), list):
+            if not isinstance(body, dict) or not isinstance(body.get("memos"), list):  # present, even when empty
                 raise self._error(f"GET {path}{what}: expected an object with a 'memos' list")
             memos = body.get("memos") or []
             self._count(len(memos), f"GET {path}{what}")
@@ -597,6 +601,13 @@ class MemosClient:
                 raise self._error(f"GET {path}: the server returned page token {token!r} twice; paging stopped")
             seen_tokens.add(token)
         raise self._error(f"GET {path}: more than {self.max_pages} pages; paging stopped")
+
+
+def _is_json_list(content: bytes) -> bool:
+    try:
+        return isinstance(json.loads(content), list)
+    except ValueError:
+        return False
 
 
 def _repair(value: Any) -> list[str]:

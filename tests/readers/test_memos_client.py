@@ -158,6 +158,37 @@ def test_detect_rejects_a_server_that_is_not_memos(serve: Serve) -> None:
             client.detect()
 
 
+@pytest.mark.parametrize("answer", [{"status": "ok", "items": []}, {"version": 3, "memos": "none"}, []])
+def test_detect_rejects_a_json_server_that_answers_every_path(answer: Any) -> None:
+    """A JSON API that says 200 to every GET is not a Memos server: a profile must name its version (a string),
+    the old API's list must be an array; before, it was taken for the current API with no memos and remembered."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class AnyJson(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the http.server hook
+            body = json.dumps(answer).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), AnyJson)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with MemosClient(f"http://127.0.0.1:{server.server_port}", TOKEN, timeout=2.0, sleep=no_sleep) as client:
+            with pytest.raises(MemosError, match="does not look like a Memos server"):
+                client.detect()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 # ---- the listing ----------------------------------------------------------------------------
 
 
