@@ -250,9 +250,9 @@ def status(ctx: click.Context, as_json: bool) -> None:
     click.echo(f"home: {data['home']}  store: {data['store']}")
     click.echo(f"model: {data['embedding_model']}  chunker: {data['chunker_version']}")
     click.echo(f"{data['notes']} notes, {data['chunks']} chunks")
-    click.echo(_docstore_line(data["docstore"], data["notes"]))
     if data["channels"]:
         click.echo(_channels_line(data["channels"], data["chunks"]))
+    click.echo(_docstore_line(data["docstore"], data["notes"]))
     for src in data["sources"]:
         result = src["last_result"] or {}
         state = "FAILED: " + _plain(result.get("error")) if result.get("failed") else "ok"
