@@ -690,7 +690,11 @@ def _print_doctor(result: dict[str, Any]) -> None:
             click.echo(f"docstore: {_plain(found['examples'][0])}")
         elif found["count"]:
             click.echo(f"{kind}: {found['count']} (e.g. {_plain(', '.join(found['examples'][:3]))})")
-    click.echo("ok: the stores agree" if result["ok"] else "the stores disagree: run `brain doctor --repair`")
+    others = [kind for kind, found in result["problems"].items() if found["count"] and kind != "docstore_unusable"]
+    if result["ok"]:
+        click.echo("ok: the stores agree")
+    elif others:  # an unusable docstore's own line says what to do
+        click.echo("the stores disagree: run `brain doctor --repair`")
 
 
 
