@@ -15,6 +15,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 # The browser test drives Debian's Chromium (never a browser download); a CJK font makes its screenshots legible.
+# The team-deployment tests start a PostgreSQL server of their own: Debian's `postgresql`, whatever major version.
 install: $(VENV)/.installed
 	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
 		if [ "$$(id -u)" = 0 ]; then \
@@ -22,6 +23,13 @@ install: $(VENV)/.installed
 				chromium chromium-driver fonts-wqy-zenhei; \
 		else \
 			echo "note: no /usr/bin/chromium and not root: the browser test will skip"; \
+		fi; \
+	fi
+	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ]; then \
+			apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; \
+		else \
+			echo "note: no PostgreSQL server (/usr/lib/postgresql/*/bin) and not root: the PostgreSQL tests will skip"; \
 		fi; \
 	fi
 

@@ -10,6 +10,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Self, TypeVar, get_args
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.fields import FieldInfo
@@ -493,6 +494,7 @@ def _apply(settings: Settings, data: dict[str, Any], where: Path) -> None:
     chunking = _typed_section(ChunkingSection, "chunking", data.get("chunking", {}), where)
     settings.chunk_max_chars, settings.chunk_overlap = chunking.max_chars, chunking.overlap
     store = _typed_section(StoreSection, "store", data.get("store", {}), where)
+    check_docstore_url(store.docstore_url)
     settings.store_url, settings.docstore_url = store.url, store.docstore_url
     sync = _typed_section(SyncSection, "sync", data.get("sync", {}), where)
     settings.lock_wait_seconds, settings.stale_seconds = sync.lock_wait_seconds, sync.stale_seconds
@@ -501,6 +503,29 @@ def _apply(settings: Settings, data: dict[str, Any], where: Path) -> None:
     settings.mcp = _typed_section(MCPSection, "mcp", data.get("mcp", {}), where).model_dump()
     settings.serve = _typed_section(ServeSection, "serve", data.get("serve", {}), where).model_dump()
     settings.capture = _typed_section(CaptureSection, "capture", data.get("capture", {}), where).model_dump()
+
+
+def check_docstore_url(url: str) -> None:
+    """A `[store] docstore_url` must name a PostgreSQL database (the only server docstore): refused at config load,
+    like every other bad value, rather than at the first sync that writes. The message never shows a login."""
+    if not url:
+        return
+    parts = urlsplit(url)
+    try:
+        usable = parts.scheme in ("postgresql", "postgres") and bool(parts.hostname) and bool(parts.path.strip("/"))
+        parts.port  # noqa: B018 (a port that is not a number raises ValueError)
+    except ValueError:
+        usable = False
+    if not usable:
+        raise ConfigError("store.docstore_url must look like postgresql://user@host:5432/database, "
+                          f"got {without_login(url)!r}")
+
+
+def without_login(url: str) -> str:
+    """A URL for messages and status: whatever stands before its host (user, password) shown as ***."""
+    scheme, sep, rest = url.partition("://")
+    _, at, host = rest.rpartition("@")
+    return scheme + sep + ("***@" + host if at else rest)
 
 
 _AnySection = TypeVar("_AnySection", bound=_Section)

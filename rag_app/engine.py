@@ -25,6 +25,7 @@ from rag_app.config import (
     resolve_home,
     vault_source,
 )
+from rag_app.index.docstore_health import DocstoreError, docstore_shown, stored_count
 from rag_app.index.manifest import Manifest
 from rag_app.index.private import make_home, open_home
 from rag_app.index.store import DiskFull, StoreError, disk_full
@@ -201,8 +202,10 @@ class Brain:
 
         return watch_in_background(self.settings, specs, interval, logged)
 
-    def status(self) -> dict[str, Any]:
-        """Counts from the manifest (no Chroma, no model): cheap enough for a status bar."""
+    def status(self, docstore: bool = False) -> dict[str, Any]:
+        """Counts from the manifest (no Chroma, no model): cheap enough for a status bar. `docstore`: also which
+        docstore the home writes to, how many notes it holds and whether that is the index's count (one query, but
+        a PostgreSQL one may wait for its server: `brain status` asks, a status bar does not)."""
         sources: list[dict[str, Any]] = []
         notes = chunks = 0
         channels: dict[str, Any] = {}
@@ -236,7 +239,15 @@ class Brain:
             if sources else CHUNKER_VERSION,
             "home": str(self.settings.home),
             "store": self.settings.store_url or "embedded",
-        }
+        } | ({"docstore": self._docstore_status(notes)} if docstore else {})
+
+    def _docstore_status(self, notes: int) -> dict[str, Any]:
+        """{"name", "notes", "agrees", "error"}: name without credentials; error one line naming what to do."""
+        try:
+            held = stored_count(self.settings)
+        except DocstoreError as exc:
+            return {"name": docstore_shown(self.settings), "notes": None, "agrees": None, "error": str(exc)}
+        return {"name": docstore_shown(self.settings), "notes": held, "agrees": held == notes, "error": None}
 
     def searcher(self) -> SearchIndex:
         """The open search index of this home (kept for the life of this Brain: warm searches skip start-up).

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import ctypes
 import os
+import pwd
+import shutil
 import socket
 import subprocess
+import tempfile
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -184,3 +188,69 @@ def deep_folder() -> Iterator[Callable[[Path, int], Path]]:
     for top in made:
         if top.exists():
             remove_tree(top)
+
+
+def postgres_bin() -> Path | None:
+    """The server binaries of the newest PostgreSQL Debian installed (`make install` installs its `postgresql`)."""
+    found = [p.parent for p in Path("/usr/lib/postgresql").glob("*/bin/initdb") if p.parent.parent.name.isdigit()]
+    return max(found, key=lambda folder: int(folder.parent.name)) if found else None
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """A PostgreSQL server of its own on 127.0.0.1, run as an unprivileged user (initdb refuses root); yields
+    postgresql://brain@127.0.0.1:PORT (trust authentication: no password anywhere)."""
+    bin_dir = postgres_bin()
+    if bin_dir is None:
+        pytest.skip("PostgreSQL is not installed (/usr/lib/postgresql/*/bin): `make install` as root installs it")
+    top = Path(tempfile.mkdtemp(prefix="brain-pg-"))
+    data, port = top / "data", free_port()
+    user: str | None = None
+    if not os.geteuid():  # root (as in CI): the server runs as an ordinary user instead of being skipped
+        user = "postgres" if _has_user("postgres") else "nobody"
+        top.chmod(0o755)
+        shutil.chown(top, user)
+    run = {"user": user, "capture_output": True, "text": True, "timeout": 120}
+    made = subprocess.run([str(bin_dir / "initdb"), "-D", str(data), "-U", "brain", "--auth=trust", "-E", "UTF8"],
+                          **run)
+    if made.returncode != 0:
+        shutil.rmtree(top, ignore_errors=True)
+        pytest.skip(f"initdb cannot run here: {made.stderr.strip()[-300:]}")
+    options = f"-p {port} -k {top} -c listen_addresses=127.0.0.1"
+    started = subprocess.run([str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(top / "log"),
+                              "-w", "start"], **run)
+    assert started.returncode == 0, (top / "log").read_text(errors="replace")
+    try:
+        yield f"postgresql://brain@127.0.0.1:{port}"
+    finally:
+        subprocess.run([str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"], **run)
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def _has_user(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+def postgres_sql(url: str, statement: str) -> None:
+    """Run one statement outside a transaction (CREATE DATABASE, ALTER DATABASE) on the server of `url`."""
+    import psycopg2
+
+    connection = psycopg2.connect(url)
+    connection.autocommit = True
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(statement)
+    finally:
+        connection.close()
+
+
+@pytest.fixture
+def postgres(postgres_server: str) -> str:
+    """A fresh database of its own on the test server: postgresql://brain@127.0.0.1:PORT/NAME."""
+    name = "t" + uuid.uuid4().hex[:12]
+    postgres_sql(f"{postgres_server}/postgres", f"CREATE DATABASE {name}")
+    return f"{postgres_server}/{name}"

@@ -20,11 +20,16 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 from llama_index.core.storage.docstore.keyval_docstore import KVDocumentStore
 from llama_index.core.storage.kvstore.types import DEFAULT_BATCH_SIZE, DEFAULT_COLLECTION, BaseKVStore
 
-from rag_app.config import ConfigError, Settings
+from rag_app.config import Settings, check_docstore_url
+from rag_app.index.docstore_health import (
+    DOCSTORE_FILE,
+    NAMESPACE,
+    DocstoreError,
+    docstore_failure,
+    docstore_name,
+    has_kv_table,
+)
 from rag_app.index.manifest import enable_wal
-
-DOCSTORE_FILE = "docstore.sqlite"
-NAMESPACE = "notes"
 
 
 class SQLiteKVStore(BaseKVStore):
@@ -41,6 +46,8 @@ class SQLiteKVStore(BaseKVStore):
         self._db = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None, check_same_thread=False)
         enable_wal(self._db)
         self._db.execute("PRAGMA synchronous=NORMAL")
+        # No table yet: a new file, or one emptied to zero bytes (a valid, empty database): the caller fills it.
+        self.created = not has_kv_table(self._db)
         self._db.execute("CREATE TABLE IF NOT EXISTS kv (collection TEXT NOT NULL, key TEXT NOT NULL, "
                          "value TEXT NOT NULL, PRIMARY KEY (collection, key)) WITHOUT ROWID")
 
@@ -105,32 +112,87 @@ class SQLiteKVStore(BaseKVStore):
         return self.delete(key, collection=collection)
 
 
+class GuardedKVStore(BaseKVStore):
+    """The docstore's key-value store with every failure turned into a `DocstoreError` (see `docstore_failure`): the
+    one place a database error becomes a message, whichever LlamaIndex call (the pipeline's upserts, a hash lookup)
+    met it. SQLAlchemy's own text holds the statement and its parameters, which are notes' JSON."""
+
+    def __init__(self, inner: BaseKVStore, settings: Settings):
+        self.inner = inner
+        self.settings = settings
+
+    def _guarded(self, call: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return call(*args, **kwargs)
+        except Exception as exc:
+            raise docstore_failure(self.settings, exc) from None
+
+    async def _aguarded(self, call: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await call(*args, **kwargs)
+        except Exception as exc:
+            raise docstore_failure(self.settings, exc) from None
+
+    def put(self, key: str, val: dict, collection: str = DEFAULT_COLLECTION) -> None:
+        self._guarded(self.inner.put, key, val, collection=collection)
+
+    async def aput(self, key: str, val: dict, collection: str = DEFAULT_COLLECTION) -> None:
+        await self._aguarded(self.inner.aput, key, val, collection=collection)
+
+    def put_all(self, kv_pairs: list[tuple[str, dict]], collection: str = DEFAULT_COLLECTION,
+                batch_size: int = DEFAULT_BATCH_SIZE) -> None:
+        self._guarded(self.inner.put_all, kv_pairs, collection=collection, batch_size=batch_size)
+
+    async def aput_all(self, kv_pairs: list[tuple[str, dict]], collection: str = DEFAULT_COLLECTION,
+                       batch_size: int = DEFAULT_BATCH_SIZE) -> None:
+        await self._aguarded(self.inner.aput_all, kv_pairs, collection=collection, batch_size=batch_size)
+
+    def get(self, key: str, collection: str = DEFAULT_COLLECTION) -> dict | None:
+        return self._guarded(self.inner.get, key, collection=collection)
+
+    async def aget(self, key: str, collection: str = DEFAULT_COLLECTION) -> dict | None:
+        return await self._aguarded(self.inner.aget, key, collection=collection)
+
+    def get_all(self, collection: str = DEFAULT_COLLECTION) -> dict[str, dict]:
+        return self._guarded(self.inner.get_all, collection=collection)
+
+    async def aget_all(self, collection: str = DEFAULT_COLLECTION) -> dict[str, dict]:
+        return await self._aguarded(self.inner.aget_all, collection=collection)
+
+    def delete(self, key: str, collection: str = DEFAULT_COLLECTION) -> bool:
+        return self._guarded(self.inner.delete, key, collection=collection)
+
+    async def adelete(self, key: str, collection: str = DEFAULT_COLLECTION) -> bool:
+        return await self._aguarded(self.inner.adelete, key, collection=collection)
+
+
 def open_docstore(settings: Settings) -> KVDocumentStore:
     """The home's docstore, or the PostgreSQL one `[store] docstore_url` names. A password is best left out of the
-    URL: PostgreSQL's own PGPASSWORD (or ~/.pgpass) supplies it, so it is never in config.toml."""
+    URL: PostgreSQL's own PGPASSWORD (or ~/.pgpass) supplies it, so it is never in config.toml. Raises
+    `DocstoreError` when it cannot be opened."""
     url = settings.docstore_url
     if not url:
-        return KVDocumentStore(SQLiteKVStore(settings.home / DOCSTORE_FILE), namespace=NAMESPACE)
-    parts = urlsplit(url)
-    if parts.scheme not in ("postgresql", "postgres") or not parts.hostname or not parts.path.strip("/"):
-        raise ConfigError(f"store.docstore_url must look like postgresql://user@host:5432/database, got {_shown(url)}")
-    from llama_index.storage.docstore.postgres import PostgresDocumentStore
-    from llama_index.storage.kvstore.postgres import PostgresKVStore
-
+        try:
+            kvstore = SQLiteKVStore(settings.home / DOCSTORE_FILE)
+        except (sqlite3.Error, OSError) as exc:
+            raise docstore_failure(settings, exc) from None
+        return KVDocumentStore(GuardedKVStore(kvstore, settings), namespace=NAMESPACE)
+    check_docstore_url(url)
+    try:
+        from llama_index.storage.docstore.postgres import PostgresDocumentStore
+        from llama_index.storage.kvstore.postgres import PostgresKVStore
+        from sqlalchemy import create_engine
+    except ImportError:
+        raise DocstoreError(f"the docstore {docstore_name(settings)} needs the PostgreSQL packages: "
+                            "pip install 'cflow-brain[postgres]'") from None
     sync_url, async_url = connection_strings(url)
-    kvstore = PostgresKVStore(connection_string=sync_url, async_connection_string=async_url,
+    engine = create_engine(sync_url, connect_args={"connect_timeout": CONNECT_TIMEOUT})
+    kvstore = PostgresKVStore(engine=engine, connection_string=sync_url, async_connection_string=async_url,
                               table_name="brain_docstore")
-    return PostgresDocumentStore(kvstore, namespace=NAMESPACE)
+    return PostgresDocumentStore(GuardedKVStore(kvstore, settings), namespace=NAMESPACE)
 
 
-def docstore_name(settings: Settings) -> str:
-    """Which docstore a home writes to, without credentials: "home" (its SQLite file) or
-    postgresql://host:port/database. What a note copied into one docstore is recorded against."""
-    url = settings.docstore_url
-    if not url:
-        return "home"
-    parts = urlsplit(url)
-    return f"postgresql://{parts.hostname}:{parts.port or 5432}{parts.path}"
+CONNECT_TIMEOUT = 10  # seconds: a database host that does not answer is named, not waited for until TCP gives up
 
 
 def connection_strings(url: str) -> tuple[str, str]:
@@ -149,14 +211,6 @@ def connection_strings(url: str) -> tuple[str, str]:
             f"postgresql+asyncpg://{where}" + (f"?{urlencode(asyncpg)}" if asyncpg else ""))
 
 
-def _shown(url: str) -> str:
-    """A URL without its password, for messages."""
-    parts = urlsplit(url)
-    if parts.password:
-        url = url.replace(f":{parts.password}@", ":***@")
-    return repr(url)
-
-
 def document_hashes(docstore: Any, note_ids: list[str]) -> dict[str, str]:
     """The stored hash of each of these notes the docstore holds (key lookups, never the whole store)."""
     return {note_id: digest for note_id in note_ids if (digest := docstore.get_document_hash(note_id))}
@@ -169,9 +223,20 @@ def forget_documents(docstore: Any, note_ids: list[str]) -> None:
         docstore.delete_document(note_id, raise_error=False)
 
 
+def _inner_kvstore(docstore: Any) -> Any:
+    kvstore = getattr(docstore, "_kvstore", None)
+    return kvstore.inner if isinstance(kvstore, GuardedKVStore) else kvstore
+
+
+def is_new_docstore(docstore: Any) -> bool:
+    """True when this open created the home's docstore table (no file, or an empty one): whatever the manifest says
+    was copied into it before is not there."""
+    return bool(getattr(_inner_kvstore(docstore), "created", False))
+
+
 def close_docstore(docstore: Any) -> None:
     """Release the docstore's database connections (a watcher syncs many times in one process)."""
-    kvstore = getattr(docstore, "_kvstore", None)
+    kvstore = _inner_kvstore(docstore)
     if isinstance(kvstore, SQLiteKVStore):
         kvstore.close()
         return

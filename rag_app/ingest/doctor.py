@@ -12,15 +12,17 @@ import logging
 import re
 import shutil
 import sqlite3
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rag_app.config import Settings
+from rag_app.index.docstore_health import DOCSTORE_FILE, DocstoreError, all_stored_hashes, docstore_shown
 from rag_app.index.keyword_store import keyword_stamp, refresh_keyword_index, saved_keyword_ids
 from rag_app.index.manifest import Manifest
 from rag_app.index.store import COLLECTION_PREFIX, collection_ids, collection_name, exact_enough, open_chroma
-from rag_app.ingest.sync import FILL_ERROR, SyncLock, fill_vectors, reembed_stored
+from rag_app.ingest.sync import FILL_ERROR, SyncLock, fill_vectors, rebuild_docstore, reembed_stored
 from readers.records import NoteRecord
 
 log = logging.getLogger("cflow_brain.doctor")
@@ -54,9 +56,13 @@ def run_doctor(settings: Settings, repair: bool = False, compact: bool = False) 
         try:
             client = open_chroma(settings)
             findings = inspect(settings, manifest, client)
-            result: dict[str, Any] = {"store": settings.store_url or "embedded", "model": settings.model_id}
+            result: dict[str, Any] = {"store": settings.store_url or "embedded", "model": settings.model_id,
+                                      "docstore": docstore_shown(settings)}
             if repair and not findings.ok:
-                result["repair"] = {"found": findings.summary()} | repair_index(settings, manifest, client, findings)
+                # the docstore first: re-embedding a note writes through it
+                result["repair"] = {"found": findings.summary()} | repair_docstore(settings, manifest, findings)
+                if any(ids for kind, ids in findings.problems.items() if kind not in DOCSTORE_PROBLEMS):
+                    result["repair"] |= repair_index(settings, manifest, client, findings)
                 findings = inspect(settings, manifest, client)
             if compact:
                 result["compact"] = compact_store(settings, client)
@@ -84,6 +90,7 @@ def inspect(settings: Settings, manifest: Manifest, client: Any) -> Findings:
     rows = manifest.stored_chunk_ids()
     saved_stamp, bm25_ids = saved_keyword_ids(settings)
     stamp = keyword_stamp(manifest)
+    docstore, docstore_notes = docstore_problems(settings, manifest)
     problems = {
         "orphan_vectors": sorted(c for ids in orphans.values() for c in ids),
         "missing_vectors": missing,
@@ -95,7 +102,7 @@ def inspect(settings: Settings, manifest: Manifest, client: Any) -> Findings:
         "interrupted_compaction": sorted(c.name for c in client.list_collections()
                                          if c.name.endswith((OLD_SUFFIX, NEW_SUFFIX))),
         "incomplete_channels": incomplete_channels(settings, manifest),
-    }
+    } | docstore
     reembed = {owner[c] for c in problems["missing_vectors"] + problems["missing_chunks"]}
     counts = {
         "notes": len(entries),
@@ -104,6 +111,7 @@ def inspect(settings: Settings, manifest: Manifest, client: Any) -> Findings:
         "vectors": sum(len(ids) for ids in present.values()),
         "bm25_ids": len(bm25_ids),
         "notes_without_vectors": {m: len(manifest.notes_lacking(m)) for m in settings.models},  # the next sync fills
+        "docstore_notes": docstore_notes,
     }
     return Findings(counts, problems, {n: ids for n, ids in orphans.items() if ids},
                     sorted(reembed))
@@ -119,6 +127,62 @@ def incomplete_channels(settings: Settings, manifest: Manifest) -> list[str]:
         if lacking:
             out.append(f"{model}: {lacking} notes lack vectors; the last sync could not embed them: {error}")
     return out
+
+
+DOCSTORE_PROBLEMS = ("docstore_unusable", "docstore_missing", "docstore_stale", "docstore_extra")
+
+
+def docstore_problems(settings: Settings, manifest: Manifest) -> tuple[dict[str, list[str]], int]:
+    """Does the ingestion docstore open (the home's file passing SQLite's quick_check) and hold every note the manifest
+    holds, under the same hash, and no other? A docstore that lacks notes lets the next sync chunk them again only
+    when their files change, so new and edited notes would be its only content. Notes whose text the manifest never
+    kept (older homes) are left out: a sync re-reads them anyway. Also returns how many notes it holds."""
+    try:
+        held = all_stored_hashes(settings, check=True)
+    except DocstoreError as exc:
+        return {"docstore_unusable": [str(exc)], "docstore_missing": [], "docstore_stale": [], "docstore_extra": []}, 0
+    entries = manifest.entries()
+    without_text = set().union(*(manifest.notes_without_docs(source) for source in manifest.sources()))
+    expected = {note_id: entry.hash for note_id, entry in entries.items() if note_id not in without_text}
+    return {
+        "docstore_unusable": [],
+        "docstore_missing": sorted(expected.keys() - held.keys()),
+        "docstore_stale": sorted(n for n, digest in expected.items() if n in held and held[n] != digest),
+        "docstore_extra": sorted(held.keys() - entries.keys()),
+    }, len(held)
+
+
+def repair_docstore(settings: Settings, manifest: Manifest, findings: Findings) -> dict[str, Any]:
+    """A damaged home docstore file is set aside (renamed, never deleted: `docstore.sqlite.damaged-<time>`), then the
+    docstore gets every note the manifest holds from the kept texts; notes it holds under another hash, or that the
+    index no longer has, go first. A database that cannot be reached is not repaired here: its message says why."""
+    found = findings.problems
+    if not any(found[kind] for kind in DOCSTORE_PROBLEMS):
+        return {}
+    set_aside: list[str] = []
+    if found["docstore_unusable"]:
+        try:
+            all_stored_hashes(settings, check=True)
+        except DocstoreError as exc:
+            if not exc.damaged:
+                return {"docstore": {"repaired": False, "reason": str(exc)}}
+            set_aside = _set_aside(settings.home / DOCSTORE_FILE)
+    copied = rebuild_docstore(settings, manifest, found["docstore_stale"] + found["docstore_extra"])
+    log.info("doctor rebuilt the docstore: %d notes copied in, set aside: %s", copied, set_aside or "nothing")
+    return {"docstore": {"repaired": True, "copied_notes": copied, "set_aside": set_aside}}
+
+
+def _set_aside(path: Path) -> list[str]:
+    """Rename a damaged SQLite file and its -wal/-shm companions out of the way, kept for whoever wants to look."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    moved = []
+    for suffix in ("", "-wal", "-shm"):
+        part = Path(f"{path}{suffix}")
+        if part.exists() or part.is_symlink():
+            target = part.with_name(f"{path.name}.damaged-{stamp}{suffix}")
+            part.rename(target)
+            moved.append(str(target))
+    return moved
 
 
 def repair_index(settings: Settings, manifest: Manifest, client: Any, findings: Findings) -> dict[str, Any]:
@@ -144,6 +208,8 @@ def repair_index(settings: Settings, manifest: Manifest, client: Any, findings: 
     filled = fill_vectors(settings, manifest) if findings.problems["incomplete_channels"] else None
     with manifest.transaction():
         manifest.delete_notes(needs_sync)
+    if needs_sync:  # out of the docstore too: the next sync adds them as new notes
+        rebuild_docstore(settings, manifest, forget=needs_sync)
     after = inspect(settings, manifest, client)  # re-embedding moved vectors: orphans are counted afresh
     for name, ids in after.orphans.items():
         collection = client.get_collection(name)

@@ -28,6 +28,7 @@ from rag_app.config import FAST_EMBEDDING, ConfigError, Settings, SourceSpec
 from rag_app.index.keyword import TOKENIZER_VERSION, chunk_index_text, tokenize
 from rag_app.index.keyword_store import keyword_progress, refresh_keyword_index
 from rag_app.index.manifest import Manifest, ManifestEntry, Plan, make_plan
+from rag_app.index.store import StoreError
 from rag_app.index.topics import TOPIC_MODEL, fill_topics
 from rag_app.ingest.chunking import chunker_id
 from readers.listing import MemosLister, SourceLister, VaultLister
@@ -78,6 +79,7 @@ class SourceReport:
     error: str | None = None
     warnings: list[str] = field(default_factory=list)
     remembered: bool = True  # False: its first sync failed, so later syncs do not try it again
+    store_failed: bool = False  # the failure was a store's (the docstore, Chroma), not this source's
 
 
 @dataclass
@@ -92,11 +94,12 @@ class SyncReport:
     model_loaded: bool = False
     interrupted: bool = False
     fill_error: str | None = None
+    store_error: str | None = None  # the first store failure a source met (each such source failed, kept its notes)
     seconds: float = 0.0
 
     @property
     def failed(self) -> bool:
-        return any(s.failed for s in self.sources) or self.fill_error is not None
+        return any(s.failed for s in self.sources) or self.fill_error is not None or self.store_error is not None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -264,6 +267,8 @@ class _Applier:
         self._chunker: Any = None
         self._docstore: Any = None
         self._indexes: dict[str, Any] = {}
+        self.written: set[str] = set()  # notes whose chunks this applier committed
+        self.deleted: set[str] = set()  # notes it removed from the manifest
 
     @property
     def client(self) -> Any:
@@ -278,12 +283,17 @@ class _Applier:
         """The ingestion docstore, opened when a sync first has a note to chunk or delete (never by a sync that finds
         nothing changed: that one does not even import LlamaIndex). An older home's notes are copied in once."""
         if self._docstore is None:
-            from rag_app.index.docstore import DOCSTORE_FILE, docstore_name, open_docstore
+            from rag_app.index.docstore import docstore_name, is_new_docstore, open_docstore
 
-            name = docstore_name(self.settings)
-            new_file = name == "home" and not (self.settings.home / DOCSTORE_FILE).exists()
-            self._docstore = open_docstore(self.settings)
-            _seed_docstore(self.manifest, self._docstore, name, new_file)
+            docstore = open_docstore(self.settings)
+            try:
+                _seed_docstore(self.manifest, docstore, docstore_name(self.settings), is_new_docstore(docstore))
+            except BaseException:
+                from rag_app.index.docstore import close_docstore
+
+                close_docstore(docstore)
+                raise
+            self._docstore = docstore
         return self._docstore
 
     def stored_hashes(self, note_ids: list[str]) -> dict[str, str]:
@@ -378,6 +388,7 @@ class _Applier:
                     self.manifest.put_note(record, source, "", self.chunker_id, [n.id_ for n in chunk_nodes],
                                            content_hash=kept)
                 self.manifest.put_chunks(rows)
+            self.written.update(ids)
             self.report.embedded_chunks += len(rows)
             self.report.deleted_chunks += sum(len(e.chunk_ids) for e in old.values())
             self.progress.advance(len(batch))
@@ -394,6 +405,7 @@ class _Applier:
             self._forget(note_ids, models, retain)
         with self.manifest.transaction():
             self.manifest.delete_notes(note_ids)
+        self.deleted.update(note_ids)
         if note_ids:
             from rag_app.index.docstore import forget_documents
 
@@ -580,17 +592,19 @@ def _planned(documents: Iterable[Any], wanted: Mapping[str, NoteRecord]) -> Iter
             yield document
 
 
-def _seed_docstore(manifest: Manifest, docstore: Any, name: str, new_file: bool) -> None:
+def _seed_docstore(manifest: Manifest, docstore: Any, name: str, new_file: bool) -> int:
     """Once per docstore a home writes to (its file, or each PostgreSQL database it is pointed at; again when the
-    file was deleted): notes indexed before go into it from their kept text, under the hash they were indexed with,
-    so nothing is chunked or embedded again for it. Repeating it after a crash rewrites the same Documents."""
+    file was deleted or emptied): notes indexed before go into it from their kept text, under the hash they were
+    indexed with, so nothing is chunked or embedded again for it. Repeating it after a crash rewrites the same
+    Documents. Returns how many it copied."""
     mark = DOCSTORE_SEEDED if name == "home" else f"{DOCSTORE_SEEDED}:{name}"
     if manifest.get_meta(mark) == "1" and not new_file:
-        return
+        return 0
     from readers.note_document import NoteDocument
 
     entries = manifest.entries()
     missing = [note_id for note_id in entries if not docstore.document_exists(note_id)]
+    copied = 0
     for start in range(0, len(missing), WRITE_BATCH_NOTES):
         documents, hashes = [], {}
         for note_id in missing[start : start + WRITE_BATCH_NOTES]:
@@ -602,7 +616,24 @@ def _seed_docstore(manifest: Manifest, docstore: Any, name: str, new_file: bool)
             hashes[note_id] = entries[note_id].hash
         docstore.add_documents(documents)
         docstore.set_document_hashes(hashes)
+        copied += len(documents)
     manifest.set_meta(mark, "1")
+    return copied
+
+
+def rebuild_docstore(settings: Settings, manifest: Manifest, forget: list[str]) -> int:
+    """`brain doctor --repair`: give the docstore every note the manifest holds, from the kept texts (no source read,
+    nothing embedded), after dropping `forget` (notes it holds under another hash, or that the index no longer has).
+    Forced, whatever the seed mark says: the mark only says the docstore was filled once. The caller holds the
+    SyncLock. Returns how many notes it copied in."""
+    from rag_app.index.docstore import close_docstore, docstore_name, forget_documents, open_docstore
+
+    docstore = open_docstore(settings)
+    try:
+        forget_documents(docstore, forget)
+        return _seed_docstore(manifest, docstore, docstore_name(settings), new_file=True)
+    finally:
+        close_docstore(docstore)
 
 
 def _widen_search_beam(settings: Settings, manifest: Manifest) -> None:
@@ -783,6 +814,8 @@ def sync_sources(
                 report.sources.append(source_report)
                 if on_source:
                     on_source(source_report)
+                if source_report.store_failed and report.store_error is None:
+                    report.store_error = source_report.error
             refresh_keyword_index(settings, manifest)
             if on_searchable:
                 on_searchable()
@@ -859,12 +892,8 @@ def _sync_one(spec: SourceSpec, manifest: Manifest, applier: _Applier, allow_del
         log.warning("%s: %s", spec.name, warning)
     try:
         stored = applier.stored_hashes([r.id for r in listing.records if r.id in entries])
-    except Exception as exc:  # the docstore cannot be read (a database down, a bad docstore_url): nothing changed
-        result.failed = True
-        result.error = _one_line(exc, spec.token_env)
-        log.error("source %s: the docstore cannot be read, nothing changed: %s", spec.name, result.error)
-        manifest.record_result(spec.name, asdict(result), succeeded=False)
-        return result
+    except StoreError as exc:  # the docstore cannot be read (a database down, a damaged file): nothing changed
+        return _store_failed(spec.name, manifest, result, exc)
     plan = make_plan(entries, listing.records, listing.kept_ids, applier.chunker_id,
                      unchanged_ids=listing.unchanged_ids, stored_hashes=stored)
     held = None if allow_deletes else _mass_delete(spec.name, len(entries), plan)
@@ -874,21 +903,42 @@ def _sync_one(spec: SourceSpec, manifest: Manifest, applier: _Applier, allow_del
         manifest.record_result(spec.name, asdict(result), succeeded=False)
         return result
     _backfill_docs(manifest, spec.name, listing.records, plan)
-    result.added, result.updated = len(plan.added), len(plan.changed)
-    result.deleted, result.unchanged = len(plan.deleted), plan.unchanged
+    result.unchanged = plan.unchanged
     try:
         for warning in applier.apply(spec.name, plan, lambda: lister.reader().lazy_load_data(listing=listing)):
             result.warnings.append(warning)
             log.warning("%s: %s", spec.name, warning)
-    except Exception as exc:  # a store/model failure part-way: finished batches are committed, the rest retried
+    except StoreError as exc:  # the docstore or Chroma failed part-way: finished batches are committed
+        _count_done(result, plan, applier)
+        return _store_failed(spec.name, manifest, result, exc)
+    except Exception as exc:  # a model failure part-way: finished batches are committed, the rest retried
+        _count_done(result, plan, applier)
         result.failed = True
         result.error = _one_line(exc, spec.token_env)
         log.error("source %s: applying changes failed: %s", spec.name, result.error)
         manifest.record_result(spec.name, asdict(result), succeeded=False)
         return result
+    _count_done(result, plan, applier)
     _remember_signatures(spec, manifest, listing, known)
     manifest.record_result(spec.name, asdict(result), succeeded=True)
     log.info("synced %s: +%d ~%d -%d =%d", spec.name, result.added, result.updated, result.deleted, result.unchanged)
+    return result
+
+
+def _count_done(result: SourceReport, plan: Plan, applier: _Applier) -> None:
+    """What this source's sync really committed (a failure or a stop part-way leaves the rest for the next sync)."""
+    result.added = sum(1 for r in plan.added if r.id in applier.written)
+    result.updated = sum(1 for r in plan.changed if r.id in applier.written)
+    result.deleted = sum(1 for note_id in plan.deleted if note_id in applier.deleted)
+
+
+def _store_failed(name: str, manifest: Manifest, result: SourceReport, exc: StoreError) -> SourceReport:
+    """A store (the docstore, the Chroma server) failed while this source synced: the store is named, with what to do,
+    in one line (never SQL or note text). Later sources still sync: one with nothing to write never opens it."""
+    result.failed = result.store_failed = True
+    result.error = _one_line(exc)
+    log.error("source %s: %s", name, result.error)
+    manifest.record_result(name, asdict(result), succeeded=False)
     return result
 
 

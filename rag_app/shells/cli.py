@@ -202,7 +202,8 @@ def _sync(brain: Brain, vaults: tuple[str, ...], memos: tuple[str, ...], names: 
         _fail("stopped at once; every finished batch is saved and searchable, `brain sync` continues from there",
               EXIT_INTERRUPTED)
     if as_json:
-        _print_json(report.to_dict())
+        store_failure = {"error": report.store_error, "exit_code": EXIT_USAGE} if report.store_error else {}
+        _print_json(report.to_dict() | store_failure)
     else:
         vectors = ", ".join(f"{model} {count}" for model, count in report.vectors.items()) or "none new"
         click.echo(f"chunked {report.embedded_chunks} chunks (searchable by keyword), vectors: {vectors}; "
@@ -211,12 +212,16 @@ def _sync(brain: Brain, vaults: tuple[str, ...], memos: tuple[str, ...], names: 
         click.echo("brain: stopped; what was done is saved and searchable, `brain sync` continues from there",
                    err=True)
     if report.failed:
-        for failed in (s for s in report.sources if s.failed):
+        for failed in (s for s in report.sources if s.failed and not s.store_failed):
             click.echo(_failure_line(failed), err=True)
+        if report.store_error:  # once, however many sources met it
+            met = ", ".join(_plain(s.name) for s in report.sources if s.store_failed)
+            click.echo(f"brain: {_plain(report.store_error)} (met while syncing {met}; what was done is kept)",
+                       err=True)
         if report.fill_error:
             click.echo(f"brain: embedding stopped, notes stay searchable by keyword and the next sync resumes: "
                        f"{_plain(report.fill_error)}", err=True)
-        sys.exit(EXIT_FAILED)
+        sys.exit(EXIT_USAGE if report.store_error else EXIT_FAILED)
     if report.interrupted:
         sys.exit(EXIT_INTERRUPTED)
 
@@ -225,6 +230,8 @@ def _failure_line(failed: SourceReport) -> str:
     """One line on stderr for a failed source: what happened and the way out."""
     if failed.deletes_held:
         return f"brain: source {_plain(failed.name)}: {_plain(failed.error)}"
+    if failed.store_failed:  # the store's fault, not the source's: its message names it and what to do
+        return f"brain: {_plain(failed.error)} (met while syncing {_plain(failed.name)}; what was done is kept)"
     after = (" It was not remembered: fix it and sync again." if not failed.remembered else
              f" To stop syncing it: brain source remove {_plain(failed.name)}")
     return f"brain: source {_plain(failed.name)} failed, nothing of it changed: {_plain(failed.error)}." + after
@@ -249,7 +256,7 @@ def _source_line(result: SourceReport, verbose: bool) -> str:
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> None:
     """What the index holds, per source, and when each last synced."""
-    data = _open(ctx).status() | {"engine": warm_engine.how_this_runs()}
+    data = _open(ctx).status(docstore=True) | {"engine": warm_engine.how_this_runs()}
     if as_json:
         _print_json(data)
         return
@@ -258,6 +265,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
     click.echo(f"{data['notes']} notes, {data['chunks']} chunks")
     if data["channels"]:
         click.echo(_channels_line(data["channels"], data["chunks"]))
+    click.echo(_docstore_line(data["docstore"], data["notes"]))
     for src in data["sources"]:
         result = src["last_result"] or {}
         state = "FAILED: " + _plain(result.get("error")) if result.get("failed") else "ok"
@@ -266,6 +274,16 @@ def status(ctx: click.Context, as_json: bool) -> None:
     engine = data["engine"]
     click.echo(f"engine: warm ({engine['server']}, pid {engine['pid']})" if engine["mode"] == "warm" else
                "engine: in-process")
+
+
+def _docstore_line(docstore: dict[str, Any], notes: int) -> str:
+    """Which docstore, how many notes it holds, and whether that is the index's count."""
+    if docstore["error"]:  # it names the docstore
+        return f"docstore: UNUSABLE: {_plain(docstore['error'])}"
+    head = f"docstore: {_plain(docstore['name'])}"
+    if docstore["agrees"]:
+        return f"{head}: {docstore['notes']} notes, as in the index"
+    return f"{head}: {docstore['notes']} notes, the index has {notes}: `brain doctor --repair` fills it"
 
 
 def _channels_line(channels: dict[str, dict[str, Any]], chunks: int) -> str:
@@ -665,9 +683,17 @@ def doctor_command(ctx: click.Context, as_json: bool, repair: bool, compact: boo
 def _print_doctor(result: dict[str, Any]) -> None:
     counts = result["counts"]
     click.echo(f"{counts['notes']} notes: {counts['manifest_chunks']} chunks in the manifest, "
-               f"{counts['chunk_rows']} chunk rows, {counts['vectors']} vectors, {counts['bm25_ids']} in BM25")
-    if "repair" in result:
-        done = result["repair"]
+               f"{counts['chunk_rows']} chunk rows, {counts['vectors']} vectors, {counts['bm25_ids']} in BM25; "
+               f"the docstore ({_plain(result['docstore'])}) holds {counts['docstore_notes']} notes")
+    done = result.get("repair", {})
+    if "docstore" in done:
+        rebuilt = done["docstore"]
+        if not rebuilt["repaired"]:
+            click.echo(f"docstore not repaired: {_plain(rebuilt['reason'])}")
+        else:
+            aside = f"; the damaged file is kept as {_plain(rebuilt['set_aside'][0])}" if rebuilt["set_aside"] else ""
+            click.echo(f"repaired the docstore: {rebuilt['copied_notes']} notes copied in from the index{aside}")
+    if "reembedded_notes" in done:
         click.echo(f"repaired: re-embedded {done['reembedded_notes']} notes ({done['embedded_chunks']} chunks), "
                    f"deleted {done['deleted_vectors']} orphan vectors and {done['deleted_chunk_rows']} chunk rows, "
                    "rebuilt BM25")
@@ -679,11 +705,16 @@ def _print_doctor(result: dict[str, Any]) -> None:
         sizes = f"{done['bytes_before']} → {done['bytes_after']} bytes" if done["bytes_before"] is not None else ""
         click.echo(f"compacted {len(done['collections'])} collection(s) {sizes}".rstrip())
     for kind, found in result["problems"].items():
-        if found["count"]:
+        if kind == "docstore_unusable" and found["count"]:
+            click.echo(f"docstore: {_plain(found['examples'][0])}")
+        elif found["count"]:
             click.echo(f"{kind}: {found['count']} (e.g. {_plain(', '.join(found['examples'][:3]))})")
     _print_sessions_check(result["sessions"])
-    stores_ok = not any(found["count"] for found in result["problems"].values())
-    click.echo("ok: the stores agree" if stores_ok else "the stores disagree: run `brain doctor --repair`")
+    others = [kind for kind, found in result["problems"].items() if found["count"] and kind != "docstore_unusable"]
+    if result["ok"]:
+        click.echo("ok: the stores agree")
+    elif others:  # an unusable docstore's own line says what to do
+        click.echo("the stores disagree: run `brain doctor --repair`")
 
 
 def _print_sessions_check(sessions: dict[str, Any]) -> None:

@@ -6,12 +6,6 @@ identical text in two notes apart (dedup is by document id), and forgets a note 
 
 from __future__ import annotations
 
-import os
-import pwd
-import shutil
-import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +26,6 @@ from rag_app.index.docstore import (
 )
 from rag_app.ingest.pipeline import MarkdownChunker
 from readers.records import NoteRecord
-from tests.conftest import free_port
-
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
 
 
 class CountingChunker(TransformComponent):
@@ -106,43 +97,6 @@ def test_a_docstore_url_that_is_not_postgresql_is_refused_without_its_password(t
     with pytest.raises(ConfigError, match="postgresql://") as caught:
         open_docstore(settings)
     assert "s3cret-pw" not in str(caught.value)
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[str]:
-    """A PostgreSQL 15 server of its own on 127.0.0.1, run as an unprivileged user (initdb refuses root)."""
-    if not (PG_BIN / "initdb").exists():
-        pytest.skip("PostgreSQL 15 is not installed (/usr/lib/postgresql/15/bin)")
-    top = Path(tempfile.mkdtemp(prefix="brain-pg-"))
-    data, port = top / "data", free_port()
-    user: str | None = None
-    if not os.geteuid():  # root (as in CI): the server runs as an ordinary user instead of being skipped
-        user = "postgres" if _has_user("postgres") else "nobody"
-        top.chmod(0o755)
-        shutil.chown(top, user)
-    run = {"user": user, "capture_output": True, "text": True, "timeout": 120}
-    made = subprocess.run([str(PG_BIN / "initdb"), "-D", str(data), "-U", "brain", "--auth=trust", "-E", "UTF8"],
-                          **run)
-    if made.returncode != 0:
-        shutil.rmtree(top, ignore_errors=True)
-        pytest.skip(f"initdb cannot run here: {made.stderr.strip()[-300:]}")
-    options = f"-p {port} -k {top} -c listen_addresses=127.0.0.1"
-    started = subprocess.run([str(PG_BIN / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(top / "log"),
-                              "-w", "start"], **run)
-    assert started.returncode == 0, (top / "log").read_text(errors="replace")
-    try:
-        yield f"postgresql://brain@127.0.0.1:{port}/postgres"
-    finally:
-        subprocess.run([str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"], **run)
-        shutil.rmtree(top, ignore_errors=True)
-
-
-def _has_user(name: str) -> bool:
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        return False
-    return True
 
 
 def test_a_team_docstore_lives_in_postgresql(postgres: str, tmp_path: Path) -> None:

@@ -38,7 +38,7 @@ def test_sync_json_report_has_the_documented_shape(home, make_vault):
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert set(report) == {"sources", "embedded_chunks", "deleted_chunks", "vectors", "reused_vectors", "model_loaded",
-                           "interrupted", "fill_error", "seconds"}
+                           "interrupted", "fill_error", "store_error", "seconds"}
     source = report["sources"][0]
     assert {"name", "kind", "added", "updated", "deleted", "unchanged", "skipped", "failed", "error"} <= set(source)
     assert (source["name"], source["kind"], source["added"], source["failed"]) == ("notes", "vault", 2, False)
