@@ -119,6 +119,32 @@ def stored_count(settings: Settings) -> int:
     return int(rows[0][0]) if rows else 0
 
 
+def home_file_hashes(settings: Settings, note_ids: list[str]) -> dict[str, str] | None:
+    """The home file's hash of each of these notes it holds, by key, without LlamaIndex (a sync that re-reads a few
+    notes, e.g. ones with a warning, must not import it to learn nothing changed); None when the file or its table is
+    not there yet or cannot be read here (the docstore is then opened the LlamaIndex way, which names a damaged
+    one)."""
+    path = settings.home / DOCSTORE_FILE
+    if settings.docstore_url or not path.is_file():
+        return None
+    try:
+        db = sqlite3.connect(path.absolute().as_uri() + "?mode=ro", uri=True, timeout=30.0)
+        try:
+            if not has_kv_table(db):
+                return None
+            found: dict[str, str] = {}
+            for start in range(0, len(note_ids), 500):
+                keys = note_ids[start : start + 500]
+                found.update(db.execute(
+                    f"SELECT key, json_extract(value, '$.doc_hash') FROM kv WHERE collection = ? AND key IN "
+                    f"({','.join('?' * len(keys))})", (METADATA_COLLECTION, *keys)).fetchall())
+            return {key: str(digest) for key, digest in found.items() if digest}
+        finally:
+            db.close()
+    except (sqlite3.Error, OSError):
+        return None
+
+
 def _home_file_rows(settings: Settings, select: str, check: bool = False) -> list[tuple]:
     """`select` over the notes' metadata rows of the home's docstore file; none when there is no file (opened as it
     is: nothing is created, not even through a dangling link)."""

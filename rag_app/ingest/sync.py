@@ -300,6 +300,12 @@ class _Applier:
         """The docstore's hash of each of these notes it holds (key lookups); nothing to look up, nothing opened."""
         if not note_ids:
             return {}
+        if self._docstore is None and self.manifest.get_meta(DOCSTORE_SEEDED) == "1":
+            from rag_app.index.docstore_health import home_file_hashes
+
+            found = home_file_hashes(self.settings, note_ids)  # no LlamaIndex for a sync that may change nothing
+            if found is not None:
+                return found
         from rag_app.index.docstore import document_hashes
 
         return document_hashes(self.docstore, note_ids)

@@ -68,9 +68,13 @@ def test_no_change_sync_embeds_nothing_and_loads_no_model(home, make_vault):
     assert (report.sources[0].unchanged, report.embedded_chunks, report.model_loaded) == (3, 0, False)
 
 
-def test_no_change_sync_imports_neither_llama_index_nor_chromadb_nor_numpy(home, make_vault):
-    """The fast path is what keeps a no-change sync of thousands of notes under a second (numpy alone: 0.1 s)."""
-    vault = make_vault(NOTES)
+@pytest.mark.parametrize("warned", [False, True], ids=["clean", "a note with a warning"])
+def test_no_change_sync_imports_neither_llama_index_nor_chromadb_nor_numpy(home, make_vault, warned):
+    """The fast path is what keeps a no-change sync of thousands of notes under a second (numpy alone: 0.1 s). A
+    note with a warning (unreadable frontmatter) is read again at every sync: its hash is looked up in the home's
+    docstore file directly, not through LlamaIndex (a real 3,176-note vault's no-change sync took 1.2 s for it)."""
+    notes = dict(NOTES, **({"broken.md": "---\ntitle: [unclosed\n---\n# Broken\n\nStill a note.\n"} if warned else {}))
+    vault = make_vault(notes)
     Brain(home).sync(vaults=(str(vault),))
     code = (
         "import sys; from rag_app.engine import Brain; "
