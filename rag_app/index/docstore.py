@@ -8,11 +8,9 @@ docs/benchmarks.md ("Docstore at 100k notes").
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
@@ -64,7 +62,7 @@ class SQLiteKVStore(BaseKVStore):
     def put_all(self, kv_pairs: list[tuple[str, dict]], collection: str = DEFAULT_COLLECTION,
                 batch_size: int = DEFAULT_BATCH_SIZE) -> None:
         rows = [(collection, key, json.dumps(val, ensure_ascii=False)) for key, val in kv_pairs]
-        with self._lock, self._named():
+        with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 self._db.executemany("INSERT OR REPLACE INTO kv VALUES (?, ?, ?)", rows)
@@ -72,15 +70,6 @@ class SQLiteKVStore(BaseKVStore):
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
-
-    @contextlib.contextmanager
-    def _named(self) -> Iterator[None]:
-        """SQLite's errors name no file: a write's error names this one (and, read-only, what to do)."""
-        try:
-            yield
-        except sqlite3.Error as exc:
-            hint = " (the docstore must be writable by you: chmod u+w)" if "readonly" in str(exc) else ""
-            raise type(exc)(f"{self.path}: {exc}{hint}") from exc
 
     async def aput_all(self, kv_pairs: list[tuple[str, dict]], collection: str = DEFAULT_COLLECTION,
                        batch_size: int = DEFAULT_BATCH_SIZE) -> None:
@@ -104,7 +93,7 @@ class SQLiteKVStore(BaseKVStore):
         return self.get_all(collection=collection)
 
     def delete(self, key: str, collection: str = DEFAULT_COLLECTION) -> bool:
-        with self._lock, self._named():
+        with self._lock:
             cursor = self._db.execute("DELETE FROM kv WHERE collection = ? AND key = ?", (collection, key))
         return cursor.rowcount > 0
 

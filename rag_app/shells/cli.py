@@ -711,7 +711,7 @@ def _print_doctor(result: dict[str, Any]) -> None:
             click.echo(f"{kind}: {found['count']} (e.g. {_plain(', '.join(found['examples'][:3]))})")
     _print_sessions_check(result["sessions"])
     others = [kind for kind, found in result["problems"].items() if found["count"] and kind != "docstore_unusable"]
-    if result["ok"]:
+    if not any(found["count"] for found in result["problems"].values()):  # conversations are not the notes' stores
         click.echo("ok: the stores agree")
     elif others:  # an unusable docstore's own line says what to do
         click.echo("the stores disagree: run `brain doctor --repair`")

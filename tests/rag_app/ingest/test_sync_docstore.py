@@ -152,5 +152,6 @@ def test_a_read_only_docstore_is_named_in_the_sources_failure(home: Path, make_v
     (home / DOCSTORE_FILE).chmod(0o400)
     with as_an_ordinary_user():
         [source] = Brain(home).sync(vaults=(str(vault),)).sources
-    assert source.failed and source.error == (f"{home / DOCSTORE_FILE}: attempt to write a readonly database (the "
-                                              "docstore must be writable by you: chmod u+w)")
+    assert source.failed and source.error == (f"the docstore {home / DOCSTORE_FILE} failed (attempt to write a "
+                                              "readonly database): it cannot be written: check its owner and "
+                                              "permissions")
