@@ -769,8 +769,8 @@ class Brain:
             index = self.searcher()
             linked = [n for n in dict.fromkeys(note["links"] + note["backlinks"]) if n in metadata
                       and self._visible(metadata[n], audience)]
-            nearest = [n for n in index.nearest_notes(note_id, k * 2) if n not in linked
-                       and self._visible(metadata.get(n, {}), audience)][:k]
+            nearest = [n for n in index.nearest_notes(note_id, k * 2) if n not in linked and n in metadata
+                       and self._visible(metadata[n], audience)][:k]  # a note synced a moment ago: not yet here
         return {
             "note_id": note_id,
             "title": note["title"],

@@ -212,7 +212,8 @@ class SearchIndex:
         return {chunk_id for note in self.facts() if _passes(note, filters) for chunk_id in note.chunk_ids}
 
     def nearest_notes(self, note_id: str, k: int) -> list[str]:
-        """Notes closest in meaning to this one (mean of its chunk vectors), itself excluded."""
+        """Notes closest in meaning to this one (mean of its chunk vectors), itself excluded. A row another process is
+        writing (`brain watch` syncing) can come back without its metadata: it is skipped, as a note not yet there."""
         collection = self.collection()
         entry = self.manifest.entries_for([note_id]).get(note_id)
         if collection is None or entry is None or not entry.chunk_ids:
@@ -225,6 +226,8 @@ class SearchIndex:
         hits = collection.query(query_embeddings=[centre.tolist()], n_results=n, include=["metadatas"])
         out: list[str] = []
         for meta in hits["metadatas"][0]:
+            if not meta:
+                continue
             other = str(meta.get("note_id") or meta.get("document_id"))
             if other != note_id and other not in out:
                 out.append(other)
