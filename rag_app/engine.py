@@ -9,7 +9,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,7 +42,7 @@ from rag_app.ingest.sync import (
 )
 from rag_app.ingest.watch import BackgroundWatch, Watcher, watch_in_background
 from rag_app.search.graph import LinkGraph
-from rag_app.search.query import SearchError, SearchFilters
+from rag_app.search.query import MAX_QUERIES, SearchCancelled, SearchError, SearchFilters, cancelled_when
 from readers.records import decode_list
 
 if TYPE_CHECKING:
@@ -52,8 +52,8 @@ if TYPE_CHECKING:
     from rag_app.answers.answer import AnswerResponse
     from rag_app.search.retrieve import NoteFusionRetriever, SearchIndex, SearchResponse
 
-__all__ = ["MAX_CAPTURE_BYTES", "MAX_TAGS", "MAX_TITLE_CHARS", "BackgroundWatch", "Brain", "CaptureError",
-           "ConfigError", "NoteNotFound", "Progress", "SearchError",
+__all__ = ["MAX_CAPTURE_BYTES", "MAX_QUERIES", "MAX_TAGS", "MAX_TITLE_CHARS", "BackgroundWatch", "Brain",
+           "CaptureError", "ConfigError", "NoteNotFound", "Progress", "SearchCancelled", "SearchError",
            "SessionError", "SessionNotFound", "SourceError", "SourceReport", "StopRequested", "StoreError",
            "SyncBusyError", "SyncReport", "time_left"]
 
@@ -163,9 +163,9 @@ class Brain:
         return sync_sources(self.settings, specs, progress, on_source, stop, on_searchable, frozenset(allow_deletes))
 
     def watch(self, specs: list[SourceSpec], interval: float,
-              on_sync: Callable[[str, SyncReport], None] | None = None) -> None:
-        """Keep these sources fresh until SIGINT/SIGTERM (see rag_app.ingest.watch)."""
-        Watcher(self.settings, specs, interval, on_sync).run()
+              on_sync: Callable[[str, SyncReport], None] | None = None, stop: StopRequested | None = None) -> None:
+        """Keep these sources fresh until SIGINT/SIGTERM or `stop` (see rag_app.ingest.watch)."""
+        Watcher(self.settings, specs, interval, on_sync, stop).run()
 
     def watch_in_background(self, specs: list[SourceSpec], interval: float) -> BackgroundWatch:
         """The same watcher on a daemon thread, for the page and the MCP server; stop it through the returned handle
@@ -389,6 +389,12 @@ class Brain:
             yield
         finally:
             _refresh_off.active = was
+
+    @staticmethod
+    def cancelled_when(gone: Callable[[], bool]) -> AbstractContextManager[None]:
+        """On this thread, for the block: a search stops (SearchCancelled) at its next step, between its queries and
+        channels, once `gone()` is true: a warm engine's client that went away no longer holds the next one up."""
+        return cancelled_when(gone)
 
     def refresh_if_stale(self) -> dict[str, Any] | None:
         """For long-running shells (page, MCP) without a watcher: when a source's last sync is older than

@@ -18,6 +18,7 @@ from pydantic import Field
 
 from rag_app.engine import (
     MAX_CAPTURE_BYTES,
+    MAX_QUERIES,
     MAX_TAGS,
     MAX_TITLE_CHARS,
     Brain,
@@ -42,7 +43,6 @@ CAPTURE_TOOL = "capture_note"  # offered only when config.toml has [capture] ena
 AUDIENCE = "agent"  # PRIVATE memos stay hidden unless config.toml has [mcp] allow_private = true
 MAX_K = 20
 MAX_QUERY_CHARS = 2_000
-MAX_QUERIES = 12  # one round of an agent's query variants
 MAX_FILTER_CHARS = 200
 MAX_DATE_CHARS = 32
 MAX_NOTE_ID_CHARS = 1_024
@@ -129,6 +129,9 @@ class BrainTools:
         if not texts:
             raise ToolCallError("give `query` (or `queries`): the text to search for", usage(self.search_notes))
         main, variants = texts[0], [t for t in dict.fromkeys(texts[1:]) if t != texts[0]]
+        if len(variants) >= MAX_QUERIES:
+            raise ToolCallError(f"at most {MAX_QUERIES} texts per call, `query` and `queries` together",
+                                usage(self.search_notes))
         response = self.brain.search(
             main, k,
             sources=_one(source), tags=_one(tag), since=_stripped(since), until=_stripped(until),

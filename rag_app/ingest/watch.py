@@ -34,7 +34,7 @@ class Watcher:
         self.specs = specs
         self.interval = interval
         self.on_sync = on_sync or (lambda trigger, report: None)
-        self.stop = stop or StopRequested()
+        self.stop = stop if stop is not None else StopRequested()  # (an unset one is falsy)
         self.vaults = {Path(s.path).expanduser().resolve(): s for s in specs if s.kind == "vault"}
         self.memos = [s for s in specs if s.kind == "memos"]
         self._unlisted: set[Path] = set()  # folders already warned about

@@ -33,7 +33,15 @@ from rag_app.index.keyword_store import keyword_stamp, open_keyword_index
 from rag_app.index.manifest import Manifest
 from rag_app.index.topics import TOPIC_MODEL, TopicIndex
 from rag_app.search import relevance
-from rag_app.search.query import RetrievalConfig, SearchError, SearchFilters, clean_query, parse_variants
+from rag_app.search.query import (
+    RetrievalConfig,
+    SearchError,
+    SearchFilters,
+    check_variants,
+    clean_query,
+    parse_variants,
+    stop_if_cancelled,
+)
 from rag_app.search.time_phrases import extract_time_range
 from readers.records import decode_list
 
@@ -543,7 +551,7 @@ class NoteFusionRetriever(QueryFusionRetriever):
         self._index_of = index if callable(index) else (lambda: index)
         self.filters = filters or SearchFilters()
         self.search_mode = mode
-        self.variants = [clean_query(v) for v in variants or []]
+        self.variants = check_variants(variants)
         self.today = today
         self._search_lock = lock or threading.RLock()
         self.last: SearchResponse | None = None  # the last search's full response (coverage, timing)
@@ -710,6 +718,7 @@ class NoteFusionRetriever(QueryFusionRetriever):
                     self.skipped_runs.add((text, self.names[i]))
                     results[(text, i)] = []
                     continue
+                stop_if_cancelled()  # each run may embed a query: a caller gone meanwhile stops the search here
                 results[(text, i)] = retriever.retrieve(query)
         return results
 
