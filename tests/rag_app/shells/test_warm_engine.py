@@ -22,9 +22,10 @@ from click.testing import CliRunner
 
 from rag_app.answers.sessions import SessionStore
 from rag_app.config import CONFIG_FILE, load_settings
-from rag_app.engine import Brain
+from rag_app.engine import MAX_QUERIES, Brain
 from rag_app.shells import cli, warm_engine
 from tests.conftest import REPO, as_an_ordinary_user, stop
+from tests.doubles.embeddings_server import EmbeddingsDouble
 from tests.doubles.openai_server import OpenAIDouble
 
 BRAIN = str(Path(sys.executable).with_name("brain"))
@@ -844,3 +845,51 @@ def test_status_says_when_the_socket_path_is_too_long_for_a_warm_engine(tmp_path
     assert done.returncode == 0
     assert f"engine: in-process — no warm engine can serve this home: its socket {warm_engine.socket_path(home)} " \
            f"is {size} bytes, over the 107 a Unix socket allows" in done.stdout
+
+
+# ------------------------------------------------------------------------------------------------ a client that goes
+
+
+def test_a_search_whose_client_was_killed_stops_and_the_next_search_is_answered(tmp_path: Path,
+                                                                                monkeypatch: pytest.MonkeyPatch):
+    """A search with 11 variants (each one embedding the double serves in 1 s) whose client is killed after two:
+    the warm engine stops it at its next step instead of running the other nine while the next client waits behind
+    its lock (before: all 11 ran, ~10 s more)."""
+    for name in [k for k in os.environ if k.startswith(warm_engine.ENV_PREFIXES)]:
+        monkeypatch.delenv(name)
+    key = "sk-embed-test-0123456789abcdef"
+    monkeypatch.setenv("EMBEDDING_API_KEY", key)
+    vault, home = tea_home(tmp_path)
+    (vault / "oolong.md").write_text("# Oolong\n\nOolong wants 90 degrees and three short steeps.\n", encoding="utf-8")
+    with EmbeddingsDouble(api_key=key) as double:
+        (home / CONFIG_FILE).write_text(f'[embedding]\nmodel = "openai:double-embed"\nbase_url = "{double.url}"\n'
+                                        'second_model = ""\n', encoding="utf-8")
+        assert not Brain(home).sync(vaults=(str(vault),)).failed
+        served_brain = Brain(home)
+        env = clean_env(EMBEDDING_API_KEY=key)
+
+        def texts() -> list[str]:
+            return [text for request in list(double.requests) for text in request.get("texts", [])]
+
+        with warm_engine.serving(served_brain, "test", cli._run_served, ""):
+            double.delay = 1.0
+            variants = [f"variant {n} of green tea" for n in range(MAX_QUERIES - 1)]
+            command = [BRAIN, "--home", str(home), "search", "--mode", "vector"]
+            asked_for = ["tea", *(a for v in variants for a in ("--variant", v))]
+            long = subprocess.Popen(command + asked_for, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL)
+            wait_for(lambda: sum("variant 1 of" in t for t in texts()) == 1, 120)
+            long.kill()
+            long.wait()
+            at_kill = sum(t.startswith("variant") for t in texts())
+            # generous: a search that is not stopped also answers within it (after ~10 s), and then fails below
+            following = subprocess.run([*command, "--json", "oolong steeps"], cwd=REPO, env=env, capture_output=True,
+                                       text=True, timeout=120)
+            double.delay = 0.0
+        served_brain.close()
+    assert following.returncode == 0, following.stderr
+    assert json.loads(following.stdout)["results"][0]["title"] == "Oolong"
+    asked = texts()
+    ran = [t for t in asked if t.startswith("variant")]
+    assert len(ran) <= at_kill + 1 < len(variants), ran  # the in-flight embedding at most, then it stopped
+    assert max(i for i, t in enumerate(asked) if t.startswith("variant")) < asked.index("oolong steeps")
