@@ -40,7 +40,7 @@ from rag_app.ingest.sync import (
     sync_sources,
     time_left,
 )
-from rag_app.ingest.watch import BackgroundWatch, Watcher, watch_in_background
+from rag_app.ingest.watch import BackgroundWatch, HomeGone, Watcher, watch_in_background
 from rag_app.search.graph import LinkGraph
 from rag_app.search.query import MAX_QUERIES, SearchCancelled, SearchError, SearchFilters, cancelled_when
 from readers.records import decode_list
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from rag_app.search.retrieve import NoteFusionRetriever, SearchIndex, SearchResponse
 
 __all__ = ["MAX_CAPTURE_BYTES", "MAX_QUERIES", "MAX_TAGS", "MAX_TITLE_CHARS", "BackgroundWatch", "Brain",
-           "CaptureError", "ConfigError", "NoteNotFound", "Progress", "SearchCancelled", "SearchError",
+           "CaptureError", "ConfigError", "HomeGone", "NoteNotFound", "Progress", "SearchCancelled", "SearchError",
            "SessionError", "SessionNotFound", "SourceError", "SourceReport", "StopRequested", "StoreError",
            "SyncBusyError", "SyncReport", "time_left"]
 

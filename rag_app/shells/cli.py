@@ -21,6 +21,7 @@ from rag_app.engine import (
     BackgroundWatch,
     Brain,
     ConfigError,
+    HomeGone,
     SearchError,
     SourceReport,
     StopRequested,
@@ -558,8 +559,11 @@ def watch(ctx: click.Context, vaults: tuple[str, ...], memos: tuple[str, ...], i
         upgraded.set()
         stop.set()
 
-    with _reported(), _served_warm(ctx, brain, "brain watch", restart):
-        brain.watch(specs, interval, on_sync, stop=stop)
+    try:
+        with _reported(), _served_warm(ctx, brain, "brain watch", restart):
+            brain.watch(specs, interval, on_sync, stop=stop)
+    except HomeGone as exc:  # exit 1: under systemd, Restart=on-failure starts a fresh watch on what is there now
+        _fail(str(exc), EXIT_FAILED)
     if upgraded.is_set():
         _restart_after_upgrade()
 
