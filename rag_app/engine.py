@@ -9,7 +9,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,9 +43,9 @@ from rag_app.ingest.sync import (
     sync_sources,
     time_left,
 )
-from rag_app.ingest.watch import BackgroundWatch, Watcher, watch_in_background
+from rag_app.ingest.watch import BackgroundWatch, HomeGone, Watcher, watch_in_background
 from rag_app.search.graph import LinkGraph
-from rag_app.search.query import SearchError, SearchFilters
+from rag_app.search.query import MAX_QUERIES, SearchCancelled, SearchError, SearchFilters, cancelled_when
 from readers.records import decode_list
 
 if TYPE_CHECKING:
@@ -55,8 +55,9 @@ if TYPE_CHECKING:
     from rag_app.answers.answer import AnswerResponse
     from rag_app.search.retrieve import NoteFusionRetriever, SearchIndex, SearchResponse
 
-__all__ = ["MAX_CAPTURE_BYTES", "MAX_TAGS", "MAX_TITLE_CHARS", "BackgroundWatch", "Brain", "CaptureError",
-           "ConfigError", "DiskFull", "NoteNotFound", "Progress", "SearchError",
+__all__ = ["MAX_CAPTURE_BYTES", "MAX_QUERIES", "MAX_TAGS", "MAX_TITLE_CHARS", "BackgroundWatch", "Brain",
+           "CaptureError", "ConfigError", "DiskFull", "HomeGone", "NoteNotFound", "Progress", "SearchCancelled",
+           "SearchError",
            "SessionError", "SessionNotFound", "SourceError", "SourceReport", "StopRequested", "StoreError",
            "SyncBusyError", "SyncReport", "time_left"]
 
@@ -190,9 +191,9 @@ class Brain:
             raise full from None
 
     def watch(self, specs: list[SourceSpec], interval: float,
-              on_sync: Callable[[str, SyncReport], None] | None = None) -> None:
-        """Keep these sources fresh until SIGINT/SIGTERM (see rag_app.ingest.watch)."""
-        Watcher(self.settings, specs, interval, on_sync).run()
+              on_sync: Callable[[str, SyncReport], None] | None = None, stop: StopRequested | None = None) -> None:
+        """Keep these sources fresh until SIGINT/SIGTERM or `stop` (see rag_app.ingest.watch)."""
+        Watcher(self.settings, specs, interval, on_sync, stop).run()
 
     def watch_in_background(self, specs: list[SourceSpec], interval: float) -> BackgroundWatch:
         """The same watcher on a daemon thread, for the page and the MCP server; stop it through the returned handle
@@ -426,6 +427,12 @@ class Brain:
             yield
         finally:
             _refresh_off.active = was
+
+    @staticmethod
+    def cancelled_when(gone: Callable[[], bool]) -> AbstractContextManager[None]:
+        """On this thread, for the block: a search stops (SearchCancelled) at its next step, between its queries and
+        channels, once `gone()` is true: a warm engine's client that went away no longer holds the next one up."""
+        return cancelled_when(gone)
 
     def refresh_if_stale(self) -> dict[str, Any] | None:
         """For long-running shells (page, MCP) without a watcher: when a source's last sync is older than
@@ -825,8 +832,8 @@ class Brain:
             index = self.searcher()
             linked = [n for n in dict.fromkeys(note["links"] + note["backlinks"]) if n in metadata
                       and self._visible(metadata[n], audience)]
-            nearest = [n for n in index.nearest_notes(note_id, k * 2) if n not in linked
-                       and self._visible(metadata.get(n, {}), audience)][:k]
+            nearest = [n for n in index.nearest_notes(note_id, k * 2) if n not in linked and n in metadata
+                       and self._visible(metadata[n], audience)][:k]  # a note synced a moment ago: not yet here
         return {
             "note_id": note_id,
             "title": note["title"],

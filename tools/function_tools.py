@@ -18,6 +18,7 @@ from pydantic import Field
 
 from rag_app.engine import (
     MAX_CAPTURE_BYTES,
+    MAX_QUERIES,
     MAX_TAGS,
     MAX_TITLE_CHARS,
     Brain,
@@ -42,7 +43,6 @@ CAPTURE_TOOL = "capture_note"  # offered only when config.toml has [capture] ena
 AUDIENCE = "agent"  # PRIVATE memos stay hidden unless config.toml has [mcp] allow_private = true
 MAX_K = 20
 MAX_QUERY_CHARS = 2_000
-MAX_QUERIES = 12  # one round of an agent's query variants
 MAX_FILTER_CHARS = 200
 MAX_DATE_CHARS = 32
 MAX_NOTE_ID_CHARS = 1_024
@@ -91,8 +91,8 @@ class BrainTools:
             max_length=MAX_QUERY_CHARS)],
         queries: Annotated[list[Annotated[str, Field(max_length=MAX_QUERY_CHARS)]] | None, Field(
             description=f"Besides `query`: your own rewrites of the question (literal words, synonyms, the other "
-                        f"language, tags), up to {MAX_QUERIES} per call.",
-            max_length=MAX_QUERIES)] = None,
+                        f"language, tags), up to {MAX_QUERIES - 1} per call ({MAX_QUERIES} texts with `query`).",
+            max_length=MAX_QUERIES - 1)] = None,
         k: Annotated[int, Field(description=f"How many notes to return, 1 to {MAX_K}.", ge=1, le=MAX_K)] = 8,
         source: Annotated[str | None, Field(
             description="Only this source: a source name from brain_status, or 'vault' or 'memos'.",
@@ -128,6 +128,9 @@ class BrainTools:
         if not texts:
             raise ToolCallError("query is empty: give the text to search for", usage(self.search_notes))
         main, variants = texts[0], [t for t in dict.fromkeys(texts[1:]) if t != texts[0]]
+        if len(variants) >= MAX_QUERIES:
+            raise ToolCallError(f"at most {MAX_QUERIES} texts per call, `query` and `queries` together",
+                                usage(self.search_notes))
         response = self.brain.search(
             main, k,
             sources=_one(source), tags=_one(tag), since=_stripped(since), until=_stripped(until),

@@ -9,18 +9,34 @@ from __future__ import annotations
 
 import functools
 import hmac
+import json
+import logging
 import os
+import re
 import sys
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 from typing import Any
 
+import anyio
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.tools import Tool
 from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetadata
+from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
-from mcp.types import INVALID_PARAMS, CallToolResult, GetPromptResult, TextContent, ToolAnnotations
-from pydantic import ConfigDict
+from mcp.shared.message import SessionMessage
+from mcp.types import (
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    PARSE_ERROR,
+    CallToolResult,
+    ErrorData,
+    GetPromptResult,
+    JSONRPCError,
+    TextContent,
+    ToolAnnotations,
+)
+from pydantic import ConfigDict, ValidationError
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -59,6 +75,97 @@ class BrainServer(MCPServer):
     async def get_prompt(self, name: str, arguments: dict[str, Any] | None = None,
                          context: Any = None) -> GetPromptResult:
         raise MCPError(INVALID_PARAMS, f"unknown prompt {name[:100]!r}: this server has no prompts")
+
+    async def run_stdio_async(self) -> None:
+        """As the SDK's, except that a line it cannot read is answered: the SDK drops it without a word (a lone
+        surrogate, arguments nested too deep), and the agent waits for a reply forever. HTTP answers those with a 400
+        parse error; here they get a JSON-RPC error carrying the request's id, and the connection goes on."""
+        lowlevel = self._lowlevel_server
+        async with stdio_server() as (read_stream, write_stream):
+            readable, taken = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+
+            async def screen() -> None:
+                async with readable, read_stream:
+                    async for item in read_stream:
+                        if not isinstance(item, Exception):
+                            await readable.send(item)
+                            continue
+                        answer = unreadable_reply(item)
+                        if answer is not None:
+                            await write_stream.send(SessionMessage(answer))
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(screen)
+                await lowlevel.run(taken, write_stream, lowlevel.create_initialization_options())
+
+
+log = logging.getLogger("cflow_brain.mcp")
+_JSON_INTEGER = re.compile(r"-?\d+")
+
+
+def unreadable_reply(problem: Exception) -> JSONRPCError | None:
+    """The JSON-RPC error for a line the SDK could not read: invalid params (with the request's id) when the line is
+    a request whose params cannot be read, invalid request when it is JSON of the wrong shape, a parse error (id
+    null) when it is not JSON at all; None for a notification (JSON-RPC answers none)."""
+    first = problem.errors(include_url=False)[0] if isinstance(problem, ValidationError) else None
+    if first is None:
+        log.warning("mcp: an unreadable message: %s", type(problem).__name__)
+        return None
+    given = first.get("input")
+    if first["type"] != "json_invalid" or not isinstance(given, str):
+        ident = given.get("id") if isinstance(given, dict) else None
+        ident = ident if isinstance(ident, str | int) and not isinstance(ident, bool) else None
+        return _error(ident, INVALID_REQUEST, "not a JSON-RPC 2.0 message (jsonrpc, id, method, params)")
+    ident, is_request = _envelope(given)
+    reason = str(first.get("msg", ""))
+    log.warning("mcp: an unreadable line (%d characters): %s", len(given), reason[:200])
+    if not is_request:
+        return _error(None, PARSE_ERROR, f"parse error: {reason[:200]}") if ident is None else None
+    if "surrogate" in reason or "hex escape" in reason:  # jiter: "lone leading surrogate", "unexpected end of ..."
+        return _error(ident, INVALID_PARAMS, "invalid params: a string holds half of a UTF-16 surrogate pair "
+                                             "(e.g. \\ud83c without its partner): send whole characters")
+    if "recursion limit" in reason:
+        return _error(ident, INVALID_PARAMS, "invalid params: nested too deep to read (at most about 200 levels)")
+    return _error(ident, PARSE_ERROR, f"parse error: {reason[:200]}")
+
+
+def _error(ident: str | int | None, code: int, message: str) -> JSONRPCError:
+    return JSONRPCError(jsonrpc="2.0", id=ident, error=ErrorData(code=code, message=message))
+
+
+def _envelope(line: str) -> tuple[str | int | None, bool]:
+    """(the id, whether a method is named) read from the top level of a JSON object alone, whatever its params hold
+    (the whole line may be too deep, or hold a lone surrogate, for a JSON parser): a reply can carry the id the agent
+    waits on. A request is a line naming a method and an id."""
+    text, at, depth = line.strip(), 0, 0
+    key: str | None = None
+    ident: str | int | None = None
+    method = want_key = False
+    while at < len(text):
+        char = text[at]
+        if char == '"':
+            try:
+                value, at = json.decoder.scanstring(text, at + 1)
+            except ValueError:
+                break
+            if depth == 1 and want_key:
+                key, want_key = value, False
+            elif depth == 1:
+                ident = value if key == "id" else ident
+                method = method or key == "method"
+            continue
+        if char in "{[":
+            depth += 1
+            want_key = depth == 1 and char == "{"
+        elif char in "}]":
+            depth -= 1
+        elif char == "," and depth == 1:
+            want_key = True
+        elif depth == 1 and key == "id" and not want_key and (number := _JSON_INTEGER.match(text, at)):
+            ident, at = int(number.group()), number.end()
+            continue
+        at += 1
+    return ident, method and ident is not None
 
 
 class _AsSent(ArgModelBase):

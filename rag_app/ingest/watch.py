@@ -22,6 +22,12 @@ DEBOUNCE_MS = 300  # file events closer than this are one change (an editor's sa
 BUSY_RETRY_SECONDS = 2.0
 
 
+class HomeGone(Exception):
+    """The home folder was moved, deleted or replaced while a watcher ran. It stops instead of syncing on: a sync at
+    the old path would write a half home there (the notes' rows without their vectors) while the moved home gets no
+    updates."""
+
+
 class Watcher:
     """Syncs `specs` once, then again whenever a vault's notes change or a Memos poll is due, until stopped.
 
@@ -34,18 +40,21 @@ class Watcher:
         self.specs = specs
         self.interval = interval
         self.on_sync = on_sync or (lambda trigger, report: None)
-        self.stop = stop or StopRequested()
+        self.stop = stop if stop is not None else StopRequested()  # (an unset one is falsy)
         self.vaults = {Path(s.path).expanduser().resolve(): s for s in specs if s.kind == "vault"}
         self.memos = [s for s in specs if s.kind == "memos"]
         self._unlisted: set[Path] = set()  # folders already warned about
+        self._home: tuple[int, int] | None = None  # the home folder's (device, inode) once it exists
 
     def run(self) -> None:
-        """Block until stopped. In the main thread, SIGINT and SIGTERM stop it."""
+        """Block until stopped. In the main thread, SIGINT and SIGTERM stop it. HomeGone when the home folder is
+        moved, deleted or replaced meanwhile (checked at least every second and before each sync)."""
         with stop_on_signals(self.stop):
             next_poll = 0.0
             for changed in self._events():  # watching starts first: a file saved during the first sync is an event
                 if self.stop:
                     break
+                self._check_home()
                 if not next_poll:
                     self._sync(self.specs, "start")
                     next_poll = time.monotonic() + self.interval
@@ -122,8 +131,24 @@ class Watcher:
                     touched[spec.name] = spec
         return list(touched.values())
 
+    def _check_home(self) -> None:
+        """HomeGone once the home folder is not the one this watcher has been syncing into."""
+        home = Path(self.settings.home).absolute()
+        try:
+            info = os.stat(home)
+            now: tuple[int, int] | None = (info.st_dev, info.st_ino)
+        except OSError:
+            now = None
+        if self._home is None:
+            self._home = now
+        elif now != self._home:
+            log.warning("watch: the home %s was moved, deleted or replaced: stopped", home)
+            raise HomeGone(f"the home {home} was moved, deleted or replaced while watching it: stopped, nothing was "
+                           "written there; to watch it in its new place: brain --home NEW_PATH watch")
+
     def _sync(self, specs: list[SourceSpec], trigger: str) -> None:
         while not self.stop:
+            self._check_home()
             try:
                 report = sync_sources(self.settings, specs, stop=self.stop)
             except SyncBusyError:  # a `brain sync` from a terminal holds the lock: ours comes after it
@@ -170,6 +195,8 @@ def _logged(run: Callable[[], None]) -> Callable[[], None]:
     def logged() -> None:
         try:
             run()
+        except HomeGone as exc:
+            log.warning("watch: %s", exc)
         except Exception:
             log.exception("watch: the background watcher stopped; restart the server to watch again")
     return logged

@@ -4,17 +4,57 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from rag_app.config import FAST_EMBEDDING, RetrievalSection, Settings
 
 MAX_QUERY_CHARS = 2000
+MAX_QUERIES = 12  # texts one search runs: the question and up to 11 variants (an agent's round; every shell's cap)
 VARIANT_LINE = re.compile(r"^\s*(?:[-*•]|\(?\d{1,2}[.、)）:：]|[（(]\d{1,2}[)）]|q\d+[:.]?)\s*", re.IGNORECASE)
 
 
 class SearchError(ValueError):
     """The query or its filters cannot be searched; the message says why."""
+
+
+class SearchCancelled(Exception):
+    """The caller of a search went away (a warm engine's client was killed or pressed Ctrl-C): the rest of the search
+    is not computed, so that the next caller does not wait behind it."""
+
+
+_caller = threading.local()
+
+
+@contextmanager
+def cancelled_when(gone: Callable[[], bool]) -> Iterator[None]:
+    """Searches on this thread stop (SearchCancelled) at their next step once `gone()` is true."""
+    before = getattr(_caller, "gone", None)
+    _caller.gone = gone
+    try:
+        yield
+    finally:
+        _caller.gone = before
+
+
+def stop_if_cancelled() -> None:
+    """A step boundary of a search (between its queries and channels): SearchCancelled once the caller is gone."""
+    gone = getattr(_caller, "gone", None)
+    if gone is not None and gone():
+        raise SearchCancelled("the caller went away")
+
+
+def check_variants(variants: list[str] | None) -> list[str]:
+    """A caller's own query variants, at most MAX_QUERIES - 1 (with the question, MAX_QUERIES texts): each one is a
+    search through every channel, so thousands of them would hold the index for minutes."""
+    variants = list(variants or [])
+    if len(variants) > MAX_QUERIES - 1:
+        raise SearchError(f"at most {MAX_QUERIES - 1} query variants per search (with the question, {MAX_QUERIES} "
+                          f"queries), got {len(variants)}")
+    return [clean_query(v) for v in variants]
 
 
 class RetrievalConfig(RetrievalSection):

@@ -33,7 +33,15 @@ from rag_app.index.keyword_store import keyword_stamp, open_keyword_index
 from rag_app.index.manifest import Manifest
 from rag_app.index.topics import TOPIC_MODEL, TopicIndex
 from rag_app.search import relevance
-from rag_app.search.query import RetrievalConfig, SearchError, SearchFilters, clean_query, parse_variants
+from rag_app.search.query import (
+    RetrievalConfig,
+    SearchError,
+    SearchFilters,
+    check_variants,
+    clean_query,
+    parse_variants,
+    stop_if_cancelled,
+)
 from rag_app.search.time_phrases import extract_time_range
 from readers.records import decode_list
 
@@ -221,7 +229,8 @@ class SearchIndex:
         return {chunk_id for note in self.facts() if _passes(note, filters) for chunk_id in note.chunk_ids}
 
     def nearest_notes(self, note_id: str, k: int) -> list[str]:
-        """Notes closest in meaning to this one (mean of its chunk vectors), itself excluded."""
+        """Notes closest in meaning to this one (mean of its chunk vectors), itself excluded. A row another process is
+        writing (`brain watch` syncing) can come back without its metadata: it is skipped, as a note not yet there."""
         collection = self.collection()
         entry = self.manifest.entries_for([note_id]).get(note_id)
         if collection is None or entry is None or not entry.chunk_ids:
@@ -234,6 +243,8 @@ class SearchIndex:
         hits = collection.query(query_embeddings=[centre.tolist()], n_results=n, include=["metadatas"])
         out: list[str] = []
         for meta in hits["metadatas"][0]:
+            if not meta:
+                continue
             other = str(meta.get("note_id") or meta.get("document_id"))
             if other != note_id and other not in out:
                 out.append(other)
@@ -549,7 +560,7 @@ class NoteFusionRetriever(QueryFusionRetriever):
         self._index_of = index if callable(index) else (lambda: index)
         self.filters = filters or SearchFilters()
         self.search_mode = mode
-        self.variants = [clean_query(v) for v in variants or []]
+        self.variants = check_variants(variants)
         self.today = today
         self._search_lock = lock or threading.RLock()
         self.last: SearchResponse | None = None  # the last search's full response (coverage, timing)
@@ -717,6 +728,7 @@ class NoteFusionRetriever(QueryFusionRetriever):
                     self.skipped_runs.add((text, self.names[i]))
                     results[(text, i)] = []
                     continue
+                stop_if_cancelled()  # each run may embed a query: a caller gone meanwhile stops the search here
                 results[(text, i)] = retriever.retrieve(query)
         return results
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shutil
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
@@ -20,8 +22,10 @@ from rag_app.engine import (
     Brain,
     ConfigError,
     DiskFull,
+    HomeGone,
     SearchError,
     SourceReport,
+    StopRequested,
     StoreError,
     SyncBusyError,
     SyncReport,
@@ -256,7 +260,8 @@ def _source_line(result: SourceReport, verbose: bool) -> str:
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> None:
     """What the index holds, per source, and when each last synced."""
-    data = _open(ctx).status(docstore=True) | {"engine": warm_engine.how_this_runs()}
+    brain = _open(ctx)
+    data = brain.status(docstore=True) | {"engine": warm_engine.how_this_runs(brain.home)}
     if as_json:
         _print_json(data)
         return
@@ -273,7 +278,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
                    f"last sync {src['last_sync'] or 'never'}, last result {state}")
     engine = data["engine"]
     click.echo(f"engine: warm ({engine['server']}, pid {engine['pid']})" if engine["mode"] == "warm" else
-               "engine: in-process")
+               "engine: in-process" + (f" — {_plain(engine['why'])}" if engine.get("why") else ""))
 
 
 def _docstore_line(docstore: dict[str, Any], notes: int) -> str:
@@ -585,15 +590,42 @@ def watch(ctx: click.Context, vaults: tuple[str, ...], memos: tuple[str, ...], i
         names = ", ".join(_plain(s.name) for s in specs)
         polled = f" (Memos every {interval:g} s)" if any(s.kind == "memos" for s in specs) else ""
         click.echo(f"watching {names}{polled}; Ctrl-C stops", err=True)
-    with _reported(), _served_warm(ctx, brain, "brain watch"):
-        brain.watch(specs, interval, on_sync)
+    stop, upgraded = StopRequested(), threading.Event()
+
+    def restart() -> None:
+        upgraded.set()
+        stop.set()
+
+    try:
+        with _reported(), _served_warm(ctx, brain, "brain watch", restart):
+            brain.watch(specs, interval, on_sync, stop=stop)
+    except HomeGone as exc:  # exit 1: under systemd, Restart=on-failure starts a fresh watch on what is there now
+        _fail(str(exc), EXIT_FAILED)
+    if upgraded.is_set():
+        _restart_after_upgrade()
+
+
+def _restart_after_upgrade() -> NoReturn:
+    """`brain watch` runs the new brain after an upgrade or an edit (a newer `brain` asked its warm engine): it
+    stopped as on SIGTERM (the sync in hand finished its batch, the socket removed) and now replaces itself with the
+    same command line. Why exec rather than exit non-zero for systemd's Restart=on-failure: the same pid and output
+    go on under systemd, launchd, nohup or a terminal alike, where an exit would end a watch nobody restarts."""
+    click.echo("brain watch: brain was upgraded since this watch started: restarting it", err=True)
+    logging.getLogger("cflow_brain").info("watch: restarting after an upgrade")
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
 
 
 @contextmanager
-def _served_warm(ctx: click.Context, brain: Brain, server_name: str) -> Iterator[None]:
+def _served_warm(ctx: click.Context, brain: Brain, server_name: str,
+                 on_outdated: Callable[[], None] | None = None) -> Iterator[None]:
     """While a long-running command runs, its Brain answers this home's `brain search`, `ask`, `get`, `status` and
-    `sessions` (rag_app.shells.warm_engine): they then skip the start-up and see what the watcher has synced."""
-    with warm_engine.serving(brain, server_name, _run_served, ctx.obj["store_url"] or ""):
+    `sessions` (rag_app.shells.warm_engine): they then skip the start-up and see what the watcher has synced.
+    `serve` and `mcp` pass no `on_outdated`: a page's or an agent's session would not survive an exec, so after an
+    upgrade their clients run in-process and say that the server must be restarted."""
+    with warm_engine.serving(brain, server_name, _run_served, ctx.obj["store_url"] or "", on_outdated):
         yield
 
 

@@ -18,14 +18,18 @@ runs in-process and says nothing: that is the in-process path, output included.
 
 The client half (`main`, the `brain` entry point) imports only the standard library before it has tried the socket.
 
-The server runs what it loaded at start: a client whose environment (env_fingerprint) or `<home>/config.toml`
-(config_fingerprint) differs from what the server started with is refused, and runs in its own process. Served
-commands never start a background refresh of stale sources (the in-process CLI never does).
+The server runs what it loaded at start: a client whose environment (env_digests) or `<home>/config.toml`
+(config_fingerprint) differs from what the server started with is refused, and runs in its own process; so is a
+client of other brain code (code_identity: the server was started before an upgrade or an edit). `brain status` then
+says why the command ran in-process. Served commands never start a background refresh of stale sources (the
+in-process CLI never does).
 
-Wire: newline-delimited JSON. Client → server, one request {"argv", "home", "store_url", "env", "config", "cwd",
-"tty"}.
-Server → client: {"accepted": {"server", "pid"}} or {"refused": reason}; then {"out": text} / {"err": text} frames
-as the command writes; then {"exit": code}.
+Wire: newline-delimited JSON. Client → server, one request {"protocol": 2, "code", "command", "home", "store_url",
+"env", "config", "cwd", "tty"}.
+Server → client: {"accepted": {"server", "pid"}} or {"refused": reason, "protocol": 2, ...}; then {"out": text} /
+{"err": text} frames as the command writes; then {"exit": code}. Protocol 1 (before issue 30) sent "argv" and no
+version: a protocol-1 server refuses a protocol-2 request ("not a command line", with no "protocol"), which is how a
+client knows the server is older than itself.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import socket
 import stat
 import sys
@@ -42,6 +47,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
+PROTOCOL = 2
 WARM_COMMANDS = frozenset({"search", "ask", "get", "status", "sessions"})
 SOCKET_DIR, SOCKET_NAME, LOCK_NAME = "warm", "engine.sock", "engine.lock"
 NO_DAEMON_ENV = "BRAIN_NO_DAEMON"
@@ -49,10 +55,14 @@ NO_DAEMON_ENV = "BRAIN_NO_DAEMON"
 # server's runs in-process, where its own environment applies. The home and the store are compared on their own.
 ENV_PREFIXES = ("BRAIN_", "CFLOW_", "LLM_", "EMBEDDING_", "OPENAI_")
 ENV_COMPARED_APART = frozenset({"BRAIN_HOME", "BRAIN_STORE_URL", NO_DAEMON_ENV})
-# Compared too, outside the prefixes above: the models' hub (HF_HOME, HF_HUB_OFFLINE, HF_TOKEN, ...) and the tokens a
-# source's `token_env` may name (MEMOS_TOKEN by default), which `get` uses to read a note from its source.
+# Compared too, outside the prefixes above: the models' hub (HF_HOME, HF_HUB_OFFLINE, HF_TOKEN, ...), the tokens a
+# source may read (MEMOS_TOKEN by default, and whatever variable a [[sources]] entry's `token_env` names), which `get`
+# uses to read a note from its source, and TZ (what "today" and "上周" mean).
 ENV_ALSO_PREFIXES = ("HF_",)
 ENV_ALSO_SUFFIXES = ("_TOKEN",)
+ENV_ALSO_NAMES = frozenset({"TZ"})
+CODE_PACKAGES = ("rag_app", "readers", "tools")  # what a warm engine runs of brain (pyproject's packages)
+SOCKET_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path, 108 on Linux, less on macOS) without its NUL
 CONFIG_FILE = "config.toml"  # rag_app.config.CONFIG_FILE (a test keeps the two equal)
 ACCEPT_SECONDS = 10.0  # a server that does not take a request within this is treated as gone
 MAX_REQUEST_BYTES = 1_000_000
@@ -63,12 +73,61 @@ def socket_path(home: Path) -> Path:
     return home / SOCKET_DIR / SOCKET_NAME
 
 
-def env_fingerprint(environ: dict[str, str] | os._Environ[str]) -> str:
-    """A digest of the variables that change a command's answer (never the values themselves on the wire)."""
-    chosen = sorted((k, v) for k, v in environ.items()
-                    if (k.startswith(ENV_PREFIXES) and k not in ENV_COMPARED_APART)
-                    or k.startswith(ENV_ALSO_PREFIXES) or k.endswith(ENV_ALSO_SUFFIXES))
-    return hashlib.sha256(json.dumps(chosen).encode()).hexdigest()
+def env_digests(environ: dict[str, str] | os._Environ[str], home: Path) -> dict[str, str]:
+    """Each variable that changes a command's answer, by name, with a digest of its value (never the value on the
+    wire): a server names the variables that differ, so `brain status` can say which without showing any value."""
+    named = ENV_ALSO_NAMES | token_env_names(home)
+    return {k: hashlib.sha256(f"{k}={v}".encode(errors="surrogateescape")).hexdigest()[:24]
+            for k, v in sorted(environ.items())
+            if (k.startswith(ENV_PREFIXES) and k not in ENV_COMPARED_APART)
+            or k.startswith(ENV_ALSO_PREFIXES) or k.endswith(ENV_ALSO_SUFFIXES) or k in named}
+
+
+def token_env_names(home: Path) -> frozenset[str]:
+    """The variables `<home>/config.toml`'s sources name as their token (`token_env`); none when it cannot be read
+    (config_fingerprint tells that apart)."""
+    try:
+        text = (home / CONFIG_FILE).read_text(encoding="utf-8")
+    except (OSError, ValueError):
+        return frozenset()
+    if "token_env" not in text:  # most homes: no TOML parser to import (~5 ms of a warm command's ~0.1 s)
+        return frozenset()
+    import tomllib
+
+    try:
+        sources = tomllib.loads(text).get("sources")
+    except ValueError:
+        return frozenset()
+    return frozenset(s["token_env"] for s in sources if isinstance(s.get("token_env"), str)) \
+        if isinstance(sources, list) and all(isinstance(s, dict) for s in sources) else frozenset()
+
+
+def code_identity() -> str:
+    """Which brain code this process runs: every module's path, size and modification time in the installed packages.
+    An upgrade (pip, uv, a new wheel) rewrites them and an editable checkout's edit touches one, so a warm engine
+    started before either no longer matches the `brain` that asks it. (The package version alone misses an editable
+    checkout's edits; click's option set would need the CLI imported, which the client avoids.) ~1 ms."""
+    root = Path(__file__).resolve().parents[2]
+    digest = hashlib.sha256()
+    for package in CODE_PACKAGES:
+        stack = [root / package]
+        while stack:
+            folder = stack.pop()
+            try:
+                entries = sorted(os.scandir(folder), key=lambda e: e.name)
+            except OSError:
+                continue
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    if entry.name != "__pycache__":
+                        stack.append(Path(entry.path))
+                elif entry.name.endswith((".py", ".json")):
+                    try:
+                        info = entry.stat()
+                    except OSError:
+                        continue
+                    digest.update(f"{entry.path}\0{info.st_size}\0{info.st_mtime_ns}\n".encode(errors="replace"))
+    return digest.hexdigest()[:32]
 
 
 def config_fingerprint(home: Path) -> str:
@@ -112,7 +171,7 @@ def warm_request(argv: list[str], environ: dict[str, str] | os._Environ[str]) ->
     home, store_url, no_daemon, args = scanned
     if no_daemon or not args or args[0] not in WARM_COMMANDS:
         return None
-    if _refused_args(args[1:]):
+    if _refused_args(args[1:]) or not all(_utf8(a) for a in args):  # an undecodable byte: the CLI says what it says
         return None
     home_path = Path(home).expanduser() if home else default_home()
     return WarmRequest(home_path.absolute(), store_url, args)
@@ -153,6 +212,24 @@ def _scan(argv: list[str],
     return home, store_url, no_daemon, argv[at:]
 
 
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a byte of the command line that is not UTF-8 (kept as a lone surrogate)
+        return False
+    return True
+
+
+def socket_path_problem(home: Path) -> str | None:
+    """Why no warm engine can ever serve this home (its socket path is longer than a Unix socket allows), or None."""
+    path = socket_path(home.absolute())
+    size = len(os.fsencode(path))
+    if size <= SOCKET_PATH_MAX:
+        return None
+    return (f"no warm engine can serve this home: its socket {path} is {size} bytes, over the {SOCKET_PATH_MAX} a "
+            "Unix socket allows; a shorter --home path (a symlink to the home will do) lets `brain watch` serve it")
+
+
 def own_socket(home: Path) -> Path | None:
     """The home's socket if a client may use it: the folder a directory of this user's that nobody else may enter,
     the socket a socket of this user's. Anything else (missing, someone else's, loosened) is never used."""
@@ -171,6 +248,17 @@ def own_socket(home: Path) -> Path | None:
 
 class WarmEngineLost(Exception):
     """The warm engine took the request and then stopped answering (killed, crashed)."""
+
+
+class _Fallback:
+    """Why this process runs its command itself although a warm engine serves its home (for `brain status`), and the
+    line to say at once when the reason is one the user must act on (the engine runs other brain code)."""
+
+    why: str | None = None
+    say: str | None = None
+
+
+_fallback = _Fallback()
 
 
 def ask_warm(request: WarmRequest, stdout: TextIO | None, stderr: TextIO | None) -> int | None:
@@ -199,6 +287,7 @@ def ask_warm(request: WarmRequest, stdout: TextIO | None, stderr: TextIO | None)
         except (OSError, ValueError) as exc:
             raise WarmEngineLost(str(exc) or type(exc).__name__) from None
         if "refused" in first:
+            _note_refusal(first, _peer(conn)[0])
             return None
         if "accepted" not in first:
             raise WarmEngineLost("an unexpected reply")
@@ -227,11 +316,29 @@ def ask_warm(request: WarmRequest, stdout: TextIO | None, stderr: TextIO | None)
         conn.close()
 
 
+def _note_refusal(frame: dict[str, Any], pid: int | None) -> None:
+    """Keep why the server refused (for `brain status`); a server of other brain code is also said at once."""
+    served = frame.get("served_by") if isinstance(frame.get("served_by"), dict) else {}
+    who = ", ".join(str(x) for x in (served.get("server"), f"pid {pid or served.get('pid') or '?'}") if x)
+    if "protocol" not in frame:  # a protocol-1 server, which refuses every protocol-2 request
+        _fallback.why = (f"the warm engine runs an older brain ({who}): restart it (`systemctl --user restart` its "
+                         "unit, or stop `brain watch` and start it again)")
+    elif frame.get("outdated"):
+        _fallback.why = f"the warm engine runs an older brain ({who}): " + (
+            "it restarts itself now" if frame.get("restarts") else "restart it to use this version")
+    elif frame.get("other_code"):
+        _fallback.why = f"the warm engine runs other brain code than this `brain` ({who}): restart one or the other"
+    else:
+        _fallback.why = f"the warm engine ({who}) {str(frame.get('refused'))[:300]}"
+        return
+    _fallback.say = f"brain: {_fallback.why}; running in this process"
+
+
 def request_message(request: WarmRequest, tty: list[bool]) -> dict[str, Any]:
     """What the client sends for `request` (see the wire in the module's docstring)."""
-    return {"argv": request.args, "home": str(request.home), "store_url": request.store_url,
-            "env": env_fingerprint(os.environ), "config": config_fingerprint(request.home), "cwd": os.getcwd(),
-            "tty": tty}
+    return {"protocol": PROTOCOL, "code": code_identity(), "command": request.args, "home": str(request.home),
+            "store_url": request.store_url, "env": env_digests(os.environ, request.home),
+            "config": config_fingerprint(request.home), "cwd": os.getcwd(), "tty": tty}
 
 
 def with_turn_id(request: WarmRequest) -> None:
@@ -278,6 +385,9 @@ def main() -> None:
         else:
             if code is not None:
                 sys.exit(code)
+            if _fallback.say:
+                sys.stderr.write(_fallback.say + "\n")
+                sys.stderr.flush()
     lean = one_shot(sys.argv[1:])
     if lean:
         _lean_start()
@@ -344,6 +454,18 @@ class _Client:
         self.gone = False
         self.lock = threading.Lock()
 
+    def gone_away(self) -> bool:
+        """Whether the client has closed its end (killed, Ctrl-C): it sends nothing after its request, so a readable
+        end-of-file is its going. Asked between a search's steps, which then stop (Brain.cancelled_when)."""
+        if not self.gone:
+            try:
+                self.gone = self.conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+            except BlockingIOError:
+                pass
+            except OSError:
+                self.gone = True
+        return self.gone
+
     def send(self, frame: dict[str, Any]) -> None:
         """A frame to the client; once it has gone (Ctrl-C) the command finishes quietly (a session turn is kept)."""
         data = json.dumps(frame, ensure_ascii=False).encode() + b"\n"
@@ -375,10 +497,15 @@ def client_cwd() -> Path:
     return client.cwd if client is not None else Path.cwd()
 
 
-def how_this_runs() -> dict[str, Any]:
-    """For `brain status`: {"mode": "warm", "server": "brain watch", "pid": N} or {"mode": "in-process"}."""
+def how_this_runs(home: Path) -> dict[str, Any]:
+    """For `brain status`: {"mode": "warm", "server": "brain watch", "pid": N}, or {"mode": "in-process"} with "why"
+    when a warm engine would have answered but could not (another environment, other brain code, a socket path too
+    long for the OS)."""
     client = _client()
-    return {"mode": "warm", **client.served_by} if client is not None else {"mode": "in-process"}
+    if client is not None:
+        return {"mode": "warm", **client.served_by}
+    why = _fallback.why or socket_path_problem(home)
+    return {"mode": "in-process", "why": why} if why else {"mode": "in-process"}
 
 
 class _Routed:
@@ -417,7 +544,11 @@ class WarmEngine:
     """Serves `brain`'s open Brain on the home's socket until stopped. `run(argv)` runs a CLI command line on the
     calling thread and returns its exit code (rag_app.shells.cli supplies it, so this module never imports the CLI)."""
 
-    def __init__(self, brain: Any, server_name: str, run: Callable[[list[str]], int], store_url: str):
+    def __init__(self, brain: Any, server_name: str, run: Callable[[list[str]], int], store_url: str,
+                 on_outdated: Callable[[], None] | None = None):
+        """`on_outdated` is called once when a client runs newer brain code than this process loaded (an upgrade or
+        an edit since it started): the server restarts itself through it (`brain watch`), or, without one, each
+        client says that it must be restarted."""
         import logging
 
         self.brain = brain
@@ -425,7 +556,10 @@ class WarmEngine:
         self.served_by = {"server": server_name, "pid": os.getpid()}
         self.run = run
         self.store_url = store_url
-        self.env = env_fingerprint(os.environ)
+        self.code = code_identity()
+        self.on_outdated = on_outdated
+        self._outdated = threading.Event()
+        self.env = env_digests(os.environ, self.home)
         self.config = config_fingerprint(self.home)  # what the Brain loaded (its settings are read once, at start)
         self.log = logging.getLogger("cflow_brain.warm")
         self._stop = threading.Event()
@@ -555,56 +689,92 @@ class WarmEngine:
             except OSError:
                 return
             except (ValueError, RecursionError):  # not JSON, or nested too deep to parse
-                _send_raw(conn, {"refused": "not a request"})
+                _send_raw(conn, self._refused("not a request"))
                 return
-            reason = self._refusal(request)
-            if reason is not None:
-                _send_raw(conn, {"refused": reason})
+            refusal = self._refusal(request)
+            if refusal is not None:
+                _send_raw(conn, refusal)
                 return
             conn.settimeout(None)
-            tty = request.get("tty") or [False, False]
-            client = _Client(conn, self.brain, self.served_by, Path(str(request.get("cwd") or "/")),
-                             (bool(tty[0]), bool(tty[1])))
+            argv, tty = request["command"], request["tty"]
+            client = _Client(conn, self.brain, self.served_by, Path(request["cwd"] or "/"), (tty[0], tty[1]))
             client.send({"accepted": self.served_by})
             began = time.monotonic()
             _answering.client = client
             try:
-                with self.brain.refresh_off():  # as in-process: a served command never starts a background sync
-                    code = self.run(["--home", str(self.home), *request["argv"]])
+                # as in-process, a served command never starts a background sync; unlike it, its search stops once
+                # its client has gone (killed, Ctrl-C), so the next client does not wait behind it
+                with self.brain.refresh_off(), self.brain.cancelled_when(client.gone_away):
+                    code = self.run(["--home", str(self.home), *argv])
             except Exception:  # as in-process: the traceback on the caller's stderr, exit 1
-                sys.stderr.write(traceback.format_exc())
+                if not client.gone_away():
+                    sys.stderr.write(traceback.format_exc())
                 code = 1
             finally:
                 _answering.client = None
-            self.log.info("warm engine: `%s` for pid %s, exit %s, %.3f s", request["argv"][0], peer[0], code,
+            ended = "stopped: its client went away" if client.gone_away() else f"exit {code}"
+            self.log.info("warm engine: `%s` for pid %s, %s, %.3f s", argv[0], peer[0], ended,
                           time.monotonic() - began)
             client.send({"exit": code})
 
-    def _refusal(self, request: Any) -> str | None:
-        """Why this request is run in the client's own process instead, or None to run it here (the client's own
-        exclusions repeated: a request need not come from `brain`)."""
+    def _refused(self, reason: str, **more: Any) -> dict[str, Any]:
+        return {"refused": reason, "protocol": PROTOCOL, "served_by": self.served_by, **more}
+
+    def _refusal(self, request: Any) -> dict[str, Any] | None:
+        """The refused frame for a request run in the client's own process instead, or None to run it here (the
+        client's own exclusions repeated: a request need not come from `brain`, and none of its fields is trusted)."""
         if not isinstance(request, dict):
-            return "not a request"
-        argv = request.get("argv")
-        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-            return "not a command line"
+            return self._refused("not a request")
+        if request.get("code") != self.code:
+            return self._other_code(request.get("code"))
+        if request.get("protocol") != PROTOCOL:
+            return self._refused(f"speaks protocol {PROTOCOL}")
+        argv = request.get("command")
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) and "\0" not in a for a in argv):
+            return self._refused("not a command line")
+        tty = request.get("tty")
+        texts = [request.get(key) for key in ("home", "cwd", "store_url", "config")]
+        env = request.get("env")
+        if (not isinstance(tty, list) or len(tty) != 2 or not all(isinstance(t, bool) for t in tty)
+                or not all(isinstance(t, str) and "\0" not in t for t in texts)
+                or not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values())):
+            return self._refused("not a request: tty, home, cwd, store_url, config or env malformed")
         if argv[0] not in WARM_COMMANDS:
-            return f"`{argv[0]}` runs in the caller's process"
+            return self._refused(f"runs `{argv[0][:40]}` in the caller's process")
         if _refused_args(argv[1:]):
-            return "help, version and --queries run in the caller's process"
+            return self._refused("runs help, version and --queries in the caller's process")
         try:
-            same_home = Path(str(request.get("home"))).resolve() == self.home.resolve()
-        except OSError:
+            same_home = Path(request["home"]).resolve() == self.home.resolve()
+        except (OSError, ValueError):
             same_home = False
         if not same_home:
-            return "another home"
-        if str(request.get("store_url") or "") != self.store_url:
-            return "another store"
-        if request.get("env") != self.env:
-            return "another environment"
-        if request.get("config") != self.config:
-            return f"{self.home / CONFIG_FILE} changed since the server started"
+            return self._refused("serves another home")
+        if request["store_url"] != self.store_url:
+            return self._refused("runs with another store")
+        if env != self.env:
+            names = sorted(k for k in set(env) | set(self.env) if env.get(k) != self.env.get(k))
+            shown = ", ".join(re.sub(r"[^A-Za-z0-9_]", "?", n)[:60] for n in names[:5]) + (" ..." if names[5:] else "")
+            return self._refused(f"runs with another environment: {shown} differ{'s' if len(names) == 1 else ''}")
+        if request["config"] != self.config:
+            return self._refused(f"loaded {self.home / CONFIG_FILE} before it changed")
         return None
+
+    def _other_code(self, code: object) -> dict[str, Any]:
+        """A client of other brain code. When its code is what is installed now, this process runs what was there
+        before (an upgrade, an edit): it is outdated, and restarts itself if it can (once)."""
+        outdated = isinstance(code, str) and code == code_identity()
+        restarts = outdated and self.on_outdated is not None
+        if restarts and not self._outdated.is_set():
+            self._outdated.set()
+            self.log.info("warm engine: brain's code changed since this %s started: restarting",
+                          self.served_by["server"])
+            assert self.on_outdated is not None
+            self.on_outdated()
+        elif outdated and not self._outdated.is_set():
+            self._outdated.set()
+            self.log.warning("warm engine: brain's code changed since this %s started: restart it",
+                             self.served_by["server"])
+        return self._refused("runs other brain code", outdated=outdated, restarts=restarts, other_code=True)
 
 
 def _peer(conn: socket.socket) -> tuple[int | None, int | None]:
@@ -625,9 +795,10 @@ def _send_raw(conn: socket.socket, frame: dict[str, Any]) -> None:
 
 
 @contextmanager
-def serving(brain: Any, server_name: str, run: Callable[[list[str]], int], store_url: str) -> Iterator[WarmEngine]:
+def serving(brain: Any, server_name: str, run: Callable[[list[str]], int], store_url: str,
+            on_outdated: Callable[[], None] | None = None) -> Iterator[WarmEngine]:
     """A warm engine for the life of the block (not serving, when another process serves the home: see start)."""
-    engine = WarmEngine(brain, server_name, run, store_url)
+    engine = WarmEngine(brain, server_name, run, store_url, on_outdated)
     engine.start()
     try:
         yield engine

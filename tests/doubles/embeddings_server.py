@@ -107,6 +107,7 @@ class EmbeddingsDouble:
                 with double._lock:
                     double.requests.append({"path": self.path, "auth": self.headers.get("Authorization"),
                                             "inputs": len(texts) if isinstance(texts, list) else 0,
+                                            "texts": [str(t)[:200] for t in texts] if isinstance(texts, list) else [],
                                             "model": body.get("model"), "dimensions": body.get("dimensions"),
                                             "encoding_format": body.get("encoding_format")})
                     double.in_flight += 1

@@ -209,3 +209,14 @@ def test_a_private_memo_capture_says_agents_cannot_search_it_unless_allowed(home
         found = json.loads(tools.call("search_notes", {"query": "体检报告"}).text)
         assert saved["note_id"] not in {r["note_id"] for r in found["results"]}
         assert "体检报告" in tools.brain.search("体检报告", 3).results[0]["excerpt"]
+
+
+def test_search_notes_takes_at_most_max_queries_texts_query_included(sample_home: Path):
+    from rag_app.engine import MAX_QUERIES
+
+    tools = BrainTools(Brain(sample_home))
+    texts = [f"电影 {n}" for n in range(MAX_QUERIES)]
+    assert not tools.call("search_notes", {"queries": texts}).is_error
+    refused = tools.call("search_notes", {"query": "观影", "queries": texts})
+    assert refused.is_error
+    assert json.loads(refused.text)["error"] == f"at most {MAX_QUERIES} texts per call, `query` and `queries` together"

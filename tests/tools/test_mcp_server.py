@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from importlib.metadata import version
 from pathlib import Path
@@ -23,7 +24,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from rag_app.engine import Brain, ConfigError, validate_note_id
-from tests.conftest import REPO, free_port
+from tests.conftest import REPO, free_port, stop
 from tests.doubles.memos_server import MemosDouble
 from tools.function_tools import CAPTURE_TOOL, TOOL_NAMES, BrainTools
 from tools.mcp_server import build_server, check_token
@@ -311,3 +312,51 @@ def test_stdio_capture_into_memos_makes_a_private_memo_found_in_the_same_session
 def uid_of(double: MemosDouble) -> str:
     """The memo the capture made: the double's newest."""
     return max(double._uids, key=double._uids.__getitem__)
+
+
+def test_stdio_answers_a_lone_surrogate_and_deep_arguments_with_an_error_and_goes_on(home: Path):
+    """A JS agent that cuts 🎬 in half sends "\\ud83c movie"; a hostile one nests `arguments` 200 or 3,000 deep. Each
+    gets a JSON-RPC error with its id (before: no reply at all, the agent waiting forever), and the next call on the
+    same connection is answered."""
+    server = subprocess.Popen([BRAIN, "--home", str(home), "mcp"], cwd=REPO, env=os.environ | QUIET,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def send(line: str) -> None:
+        assert server.stdin is not None
+        server.stdin.write(line + "\n")
+        server.stdin.flush()
+
+    def reply() -> dict:
+        assert server.stdout is not None
+        line = server.stdout.readline()  # bounded by the watchdog below: a silent server fails it
+        assert line, server.stderr.read() if server.stderr else ""
+        return json.loads(line)
+
+    def call(n: int, arguments: str) -> str:
+        return (f'{{"jsonrpc": "2.0", "id": {n}, "method": "tools/call", "params": {{"name": "search_notes", '
+                f'"arguments": {arguments}}}}}')
+
+    watchdog = threading.Timer(120, server.kill)  # a server that never answers is killed, not waited on forever
+    watchdog.start()
+    try:
+        send(json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}))
+        assert reply()["id"] == 0
+        send('{"jsonrpc": "2.0", "method": "notifications/initialized"}')
+        send(call(1, '{"query": "\\ud83c movie"}'))
+        send(call(2, '{"query": ' + "[" * 200 + "]" * 200 + "}"))
+        send(call(3, '{"query": ' + "[" * 3000 + "]" * 3000 + "}"))
+        send('{"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "brain_status", "arguments": {}')
+        send("not json")
+        send(call(5, '{"query": "movie"}'))
+        replies = [reply() for _ in range(6)]
+    finally:
+        watchdog.cancel()
+        stop(server)
+    errors = {r["id"]: r["error"] for r in replies if "error" in r}
+    assert sorted(errors, key=str) == [1, 2, 3, 4, None], replies
+    assert {errors[n]["code"] for n in (1, 2, 3)} == {-32602}  # invalid params, naming what is wrong
+    assert "surrogate" in errors[1]["message"] and "deep" in errors[2]["message"] == errors[3]["message"]
+    assert errors[4]["code"] == errors[None]["code"] == -32700  # a cut line, not JSON at all: parse errors
+    answered = next(r for r in replies if r.get("id") == 5)
+    assert answered["result"]["isError"] is False

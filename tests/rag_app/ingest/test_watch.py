@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from rag_app.engine import Brain
 from rag_app.shells import cli
@@ -224,3 +227,36 @@ def test_watch_holds_a_mass_delete_says_so_once_and_keeps_the_index(home, make_v
     held = [line for line in errors if "--allow-deletes" in line]
     assert len(held) == 1 and "found 0 of its 4 notes" in held[0], errors
     assert len(found(home, "lemur")) == 4 and Brain(home).status()["notes"] == 4
+
+
+@pytest.mark.parametrize("how", ["moved", "deleted", "replaced"])
+def test_a_watch_whose_home_goes_stops_with_one_line_and_writes_no_half_home(home, make_vault, how):
+    """`mv home home2`, `rm -rf home` or a new folder put in its place under a running `brain watch`: it stops with
+    one line and exit 1 (before: the next sync wrote a new half home at the old path, 0 vectors, and the moved home
+    got no updates)."""
+    vault = make_vault({"a.md": "# Alpha\n\nthe first note\n"})
+    watcher = WatchProcess(home, "--vault", str(vault))
+    moved = home.with_name("home2")
+    try:
+        wait_for(lambda: watcher.lines, 120)
+        if how == "deleted":
+            shutil.rmtree(home)
+        else:
+            home.rename(moved)
+            if how == "replaced":
+                home.mkdir()
+        (vault / "b.md").write_text("# Bravo\n\na note saved after the home went\n", encoding="utf-8")
+        code = watcher.process.wait(timeout=60)  # it notices within a second or two; generous for 2 shared cores
+    finally:
+        if watcher.process.poll() is None:
+            watcher.stop()
+    err = watcher.process.stderr.read()
+    assert code == 1, err
+    assert err.splitlines()[-1] == (f"brain: the home {home} was moved, deleted or replaced while watching it: "
+                                    "stopped, nothing was written there; to watch it in its new place: "
+                                    "brain --home NEW_PATH watch")
+    assert len(watcher.lines) == 1  # no sync after the home went
+    if how == "replaced":
+        assert list(home.iterdir()) == []
+    else:
+        assert not home.exists()

@@ -502,3 +502,19 @@ def test_a_lead_the_engine_is_not_sure_of_is_said_as_such(sample_home):
     asked = json.loads(brain(sample_home, "ask", "What did I eat in Chengdu?", "--json").stdout)
     assert asked["coverage"]["answer_state"] == "unsure" and asked["mode"] == "unsure"
     assert asked["answer"].startswith("Not sure your notes cover this") and "成都三日 [1]" in asked["answer"]
+
+
+def test_search_variants_are_capped_with_a_clear_error(sample_home):
+    """Each variant is a search through every channel: 2,500 of them held the index for a minute (issue 30). The CLI
+    takes what an agent's MCP call takes, at most MAX_QUERIES texts."""
+    from rag_app.engine import MAX_QUERIES
+
+    def search(variants: int) -> subprocess.CompletedProcess[str]:
+        return brain(sample_home, "search", "观影", "--mode", "bm25", "--json",
+                     *(a for n in range(variants) for a in ("--variant", f"电影 {n}")))
+
+    assert search(MAX_QUERIES - 1).returncode == 0
+    over = search(2_500)
+    assert (over.returncode, over.stdout) == (2, "")
+    assert over.stderr == (f"brain: at most {MAX_QUERIES - 1} query variants per search (with the question, "
+                           f"{MAX_QUERIES} queries), got 2500\n")

@@ -22,9 +22,10 @@ from click.testing import CliRunner
 
 from rag_app.answers.sessions import SessionStore
 from rag_app.config import CONFIG_FILE, ConfigError, load_settings
-from rag_app.engine import Brain
+from rag_app.engine import MAX_QUERIES, Brain
 from rag_app.shells import cli, warm_engine
 from tests.conftest import REPO, as_an_ordinary_user, stop
+from tests.doubles.embeddings_server import EmbeddingsDouble
 from tests.doubles.openai_server import OpenAIDouble
 
 BRAIN = str(Path(sys.executable).with_name("brain"))
@@ -181,11 +182,20 @@ def test_status_says_which_way_the_command_ran(warm_home: Path):
         [line for line in here.stdout.splitlines() if not line.startswith("engine:")]
 
 
-def test_a_different_environment_runs_in_process(warm_home: Path):
-    """An LLM configured only in the caller's environment would change the answer: the caller's own process runs it."""
+def test_a_different_environment_runs_in_process_and_status_names_the_variables(warm_home: Path):
+    """An LLM configured only in the caller's environment would change the answer: the caller's own process runs it,
+    and `status` says why, naming the variables that differ and never their values (issue 29: a `brain watch` from
+    a systemd unit without LLM_MODEL was silently never used)."""
+    pid = json.loads(brain(warm_home, "status", "--json").stdout)["engine"]["pid"]
     before = len(served(warm_home))
-    done = brain(warm_home, "status", "--json", env=clean_env(LLM_MODEL="qwen2.5"))
-    assert json.loads(done.stdout)["engine"] == {"mode": "in-process"}
+    done = brain(warm_home, "status", "--json", env=clean_env(LLM_MODEL="qwen2.5", LLM_API_KEY="sk-secret-4711"))
+    why = f"the warm engine (brain watch, pid {pid}) runs with another environment: LLM_API_KEY, LLM_MODEL differ"
+    assert json.loads(done.stdout)["engine"] == {"mode": "in-process", "why": why}
+    text = brain(warm_home, "status", env=clean_env(LLM_MODEL="qwen2.5"))
+    assert f"engine: in-process — the warm engine (brain watch, pid {pid}) runs with another environment: LLM_MODEL " \
+           "differs" in text.stdout.splitlines()
+    assert "qwen2.5" not in done.stdout + text.stdout and "sk-secret" not in done.stdout
+    assert (done.stderr, text.stderr) == ("", "")  # said by status only: other commands answer as in-process
     assert len(served(warm_home)) == before
 
 
@@ -473,8 +483,7 @@ def test_a_changed_config_runs_in_process(tmp_path: Path):
         assert warm_engine.ask_warm(request, io.StringIO(), io.StringIO()) == 7
         config.write_text('[embedding]\nmodel = "use-m3"\n[llm]\nmodel = "qwen2.5"\n', encoding="utf-8")
         assert warm_engine.ask_warm(request, io.StringIO(), io.StringIO()) is None
-        assert hand_made(home, ["status"])[0] == {"refused": f"{home.absolute() / CONFIG_FILE} changed since the "
-                                                              "server started"}
+        assert hand_made(home, ["status"])[0]["refused"] == f"loaded {home.absolute() / CONFIG_FILE} before it changed"
         config.unlink()
         assert warm_engine.ask_warm(request, io.StringIO(), io.StringIO()) is None
         config.write_text('[embedding]\nmodel = "use-m3"\n', encoding="utf-8")
@@ -488,7 +497,7 @@ def test_a_changed_config_runs_in_process(tmp_path: Path):
 
 
 @pytest.mark.parametrize(("name", "value"), [("MEMOS_TOKEN", "memos-token-0123"), ("HF_ENDPOINT", "http://127.0.0.1:9"),
-                                             ("MY_NOTES_TOKEN", "t0123456789")])
+                                             ("MY_NOTES_TOKEN", "t0123456789"), ("TZ", "Pacific/Kiritimati")])
 def test_tokens_and_the_model_hub_are_part_of_the_environment(tmp_path: Path, monkeypatch, name: str, value: str):
     home = tmp_path / "home"
     monkeypatch.delenv(name, raising=False)
@@ -582,8 +591,8 @@ def test_a_request_nested_too_deep_is_refused_and_the_server_goes_on(tmp_path: P
     threading.excepthook = crashed.append
     try:
         with warm_engine.serving(Brain(home), "test", printing_run, ""):
-            assert hand_made(home, [], raw=b"[" * 200_000 + b"\n") == [{"refused": "not a request"}]
-            assert hand_made(home, [], raw=b"{not json\n") == [{"refused": "not a request"}]
+            for raw in (b"[" * 200_000 + b"\n", b"{not json\n"):
+                assert [frame["refused"] for frame in hand_made(home, [], raw=raw)] == ["not a request"]
             assert warm_engine.ask_warm(warm_engine.WarmRequest(home, "", ["status"]), io.StringIO(),
                                         io.StringIO()) == 7
     finally:
@@ -700,3 +709,190 @@ def test_a_command_with_its_output_closed_runs_in_process_beside_a_warm_engine(w
                           timeout=300)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr + done.stdout
+
+
+def test_a_sources_token_env_variable_is_part_of_the_environment(tmp_path: Path, monkeypatch):
+    """`get --fresh` reads a Memos note with the token its [[sources]] entry's `token_env` names, whatever the name."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / CONFIG_FILE).write_text('[[sources]]\nkind = "memos"\nurl = "http://127.0.0.1:9"\nname = "m"\n'
+                                    'token_env = "NOTES_KEY"\n', encoding="utf-8")
+    monkeypatch.delenv("NOTES_KEY", raising=False)
+    request = warm_engine.WarmRequest(home, "", ["get", "x"])
+    with warm_engine.serving(Brain(home), "test", printing_run, ""):
+        assert warm_engine.ask_warm(request, io.StringIO(), io.StringIO()) == 7
+        monkeypatch.setenv("NOTES_KEY", "k-0123456789")
+        assert warm_engine.ask_warm(request, io.StringIO(), io.StringIO()) is None
+
+
+# ------------------------------------------------------------------------------------------------ across upgrades
+
+
+def old_server(home: Path, ran: list[bytes]) -> tuple[socket.socket, threading.Thread]:
+    """A warm engine of the previous protocol (as 202a522's server answers, before issue 30): no version on the wire; it
+    runs a request's "argv" with its own, older CLI (which has no --turn-id: exit 2 on every ask) and refuses a
+    request without one as "not a command line"."""
+    folder = home / warm_engine.SOCKET_DIR
+    folder.mkdir(parents=True, mode=0o700)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(folder / warm_engine.SOCKET_NAME))
+    listener.listen(8)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                line = conn.makefile("rb").readline()
+                ran.append(line)
+                argv = json.loads(line).get("argv")
+                if not isinstance(argv, list) or not argv:
+                    conn.sendall(b'{"refused": "not a command line"}\n')
+                    continue
+                conn.sendall(json.dumps({"accepted": {"server": "brain watch", "pid": os.getpid()}}).encode() + b"\n")
+                conn.sendall(b'{"err": "Error: No such option: --turn-id\\n"}\n{"exit": 2}\n')
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener, thread
+
+
+def test_an_older_warm_engine_is_not_used_and_said_in_one_line(tmp_path: Path):
+    """A `brain watch` started before an upgrade speaks the previous protocol: the new `brain` answers in its own
+    process, exactly as in-process, with one line saying so (before: "No such option '--turn-id'" on every ask and
+    "engine: warm" in status)."""
+    vault, home = tea_home(tmp_path)
+    assert brain(home, "sync", "--vault", str(vault)).returncode == 0
+    ran: list[bytes] = []
+    listener, _ = old_server(home, ran)
+    try:
+        asked = brain(home, "ask", "how hot should green tea be brewed")
+        found = brain(home, "search", "green tea", "--json")
+        status = brain(home, "status", "--json")
+    finally:
+        listener.close()
+    line = (f"brain: the warm engine runs an older brain (pid {os.getpid()}): restart it (`systemctl --user restart` "
+            "its unit, or stop `brain watch` and start it again); running in this process\n")
+    here = brain(home, "--no-daemon", "ask", "how hot should green tea be brewed")
+    assert (asked.returncode, asked.stdout, asked.stderr) == (0, here.stdout, line)
+    assert (found.returncode, found.stderr) == (0, line) and json.loads(found.stdout)["results"]
+    assert json.loads(status.stdout)["engine"] == {"mode": "in-process", "why": line[7:-len("; running in this "
+                                                                                            "process\n")]}
+    assert len(ran) == 3 and all(b'"argv"' not in request for request in ran)  # asked, and never ran anything
+
+
+def test_a_watch_started_before_an_upgrade_restarts_itself(tmp_path: Path):
+    """An editable checkout edited (or a package upgraded) under a running `brain watch`: the next `brain` says it in
+    one line and answers in-process; the watch restarts itself (exec: the same pid) and serves the new code warm."""
+    code = tmp_path / "install"
+    for package in warm_engine.CODE_PACKAGES:
+        shutil.copytree(REPO / package, code / package, ignore=shutil.ignore_patterns("__pycache__"))
+    vault, home = tea_home(tmp_path)
+    env = clean_env(PYTHONPATH=str(code))
+    assert brain(home, "sync", "--vault", str(vault), env=env).returncode == 0
+    process = start_watch(home, env)
+    try:
+        pid = json.loads(brain(home, "status", "--json", env=env).stdout)["engine"]["pid"]
+        with (code / "rag_app" / "shells" / "cli.py").open("a", encoding="utf-8") as upgrade:
+            upgrade.write("\n# a newer brain\n")
+        after = brain(home, "status", "--json", env=env)
+        assert after.returncode == 0
+        assert after.stderr == (f"brain: the warm engine runs an older brain (brain watch, pid {pid}): it restarts "
+                                "itself now; running in this process\n")
+        assert json.loads(after.stdout)["engine"]["mode"] == "in-process"
+        wait_for(lambda: (brain(home, "status", "--json", env=env).stdout or "{}").count('"warm"') == 1, 120)
+        again = brain(home, "status", "--json", env=env)
+        assert json.loads(again.stdout)["engine"] == {"mode": "warm", "server": "brain watch", "pid": pid}
+        assert again.stderr == "" and process.poll() is None
+    finally:
+        stop(process)
+    log = (home / "brain.log").read_text(encoding="utf-8")
+    assert log.count("warm engine: serving brain watch") == 2 and "restarting" in log
+
+
+def test_malformed_requests_are_refused_and_the_server_goes_on(tmp_path: Path):
+    home = tmp_path / "home"
+    crashed: list[threading.ExceptHookArgs] = []
+    hook = threading.excepthook
+    threading.excepthook = crashed.append
+    good = warm_engine.request_message(warm_engine.WarmRequest(home.absolute(), "", ["status"]), [False, False])
+    try:
+        with warm_engine.serving(Brain(home), "test", printing_run, ""):
+            for bad in ({"tty": "yes"}, {"tty": [1]}, {"tty": None}, {"home": str(home) + "\0"},
+                        {"cwd": "/\0tmp"}, {"command": ["status\0"]}, {"env": ["x"]}, {"store_url": 5}):
+                frames = hand_made(home, [], raw=json.dumps(good | bad).encode() + b"\n")
+                assert len(frames) == 1 and "refused" in frames[0], (bad, frames)
+            assert warm_engine.ask_warm(warm_engine.WarmRequest(home, "", ["status"]), io.StringIO(),
+                                        io.StringIO()) == 7
+    finally:
+        threading.excepthook = hook
+    assert crashed == []
+
+
+def test_an_argument_that_is_not_utf8_runs_in_process_without_a_false_alarm(tmp_path: Path):
+    home = tmp_path / "home"
+    with warm_engine.serving(Brain(home), "test", printing_run, ""):
+        done = subprocess.run([BRAIN.encode(), b"--home", str(home).encode(), b"search", b"caf\xe9"],
+                              capture_output=True, cwd=REPO, env=clean_env(), timeout=300)
+    assert done.returncode == 2 and b"no home at" in done.stderr  # the in-process CLI's answer (this home is empty)
+    assert LOST.encode() not in done.stderr
+
+
+def test_status_says_when_the_socket_path_is_too_long_for_a_warm_engine(tmp_path: Path):
+    home = tmp_path / ("h" * (warm_engine.SOCKET_PATH_MAX - len(str(tmp_path))))
+    home.mkdir()
+    done = brain(home, "status")
+    size = len(os.fsencode(warm_engine.socket_path(home)))
+    assert done.returncode == 0
+    assert f"engine: in-process — no warm engine can serve this home: its socket {warm_engine.socket_path(home)} " \
+           f"is {size} bytes, over the 107 a Unix socket allows" in done.stdout
+
+
+# ------------------------------------------------------------------------------------------------ a client that goes
+
+
+def test_a_search_whose_client_was_killed_stops_and_the_next_search_is_answered(tmp_path: Path,
+                                                                                monkeypatch: pytest.MonkeyPatch):
+    """A search with 11 variants (each one embedding the double serves in 1 s) whose client is killed after two:
+    the warm engine stops it at its next step instead of running the other nine while the next client waits behind
+    its lock (before: all 11 ran, ~10 s more)."""
+    for name in [k for k in os.environ if k.startswith(warm_engine.ENV_PREFIXES)]:
+        monkeypatch.delenv(name)
+    key = "sk-embed-test-0123456789abcdef"
+    monkeypatch.setenv("EMBEDDING_API_KEY", key)
+    vault, home = tea_home(tmp_path)
+    (vault / "oolong.md").write_text("# Oolong\n\nOolong wants 90 degrees and three short steeps.\n", encoding="utf-8")
+    with EmbeddingsDouble(api_key=key) as double:
+        (home / CONFIG_FILE).write_text(f'[embedding]\nmodel = "openai:double-embed"\nbase_url = "{double.url}"\n'
+                                        'second_model = ""\n', encoding="utf-8")
+        assert not Brain(home).sync(vaults=(str(vault),)).failed
+        served_brain = Brain(home)
+        env = clean_env(EMBEDDING_API_KEY=key)
+
+        def texts() -> list[str]:
+            return [text for request in list(double.requests) for text in request.get("texts", [])]
+
+        with warm_engine.serving(served_brain, "test", cli._run_served, ""):
+            double.delay = 1.0
+            variants = [f"variant {n} of green tea" for n in range(MAX_QUERIES - 1)]
+            command = [BRAIN, "--home", str(home), "search", "--mode", "vector"]
+            asked_for = ["tea", *(a for v in variants for a in ("--variant", v))]
+            long = subprocess.Popen(command + asked_for, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL)
+            wait_for(lambda: sum("variant 1 of" in t for t in texts()) == 1, 120)
+            long.kill()
+            long.wait()
+            at_kill = sum(t.startswith("variant") for t in texts())
+            # generous: a search that is not stopped also answers within it (after ~10 s), and then fails below
+            following = subprocess.run([*command, "--json", "oolong steeps"], cwd=REPO, env=env, capture_output=True,
+                                       text=True, timeout=120)
+            double.delay = 0.0
+        served_brain.close()
+    assert following.returncode == 0, following.stderr
+    assert json.loads(following.stdout)["results"][0]["title"] == "Oolong"
+    asked = texts()
+    ran = [t for t in asked if t.startswith("variant")]
+    assert len(ran) <= at_kill + 1 < len(variants), ran  # the in-flight embedding at most, then it stopped
+    assert max(i for i, t in enumerate(asked) if t.startswith("variant")) < asked.index("oolong steeps")
