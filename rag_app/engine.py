@@ -37,6 +37,7 @@ from rag_app.ingest.sync import (
     SyncReport,
     channel_progress,
     remove_source,
+    stop_on_signals,
     sync_sources,
     time_left,
 )
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
 __all__ = ["MAX_CAPTURE_BYTES", "MAX_TAGS", "MAX_TITLE_CHARS", "BackgroundWatch", "Brain", "CaptureError",
            "ConfigError", "NoteNotFound", "Progress", "SearchError",
            "SessionError", "SessionNotFound", "SourceError", "SourceReport", "StopRequested", "StoreError",
-           "SyncBusyError", "SyncReport", "time_left"]
+           "SyncBusyError", "SyncReport", "stop_on_signals", "time_left"]
 
 
 log = logging.getLogger("cflow_brain.engine")
