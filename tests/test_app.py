@@ -268,7 +268,7 @@ def test_clicking_a_citation_opens_the_note_with_the_cited_passage_lit(page: app
     assert shown.count('id="brain-hit"') == 1 and lit
     lit_text = re.sub(r"<[^>]+>", "", "".join(body for _, body in lit))
     assert alnum(cited["excerpt"])[:30] in alnum(lit_text), "the passage the answer cited is the one lit"
-    assert "☐ 《花样年华》——王家卫" in shown
+    assert "<span class='brain-task'>☐</span> 《花样年华》——王家卫" in shown
     backlink = app.note_ref("vault:sample_vault/index.md")
     assert "<h4>Backlinks</h4>" in shown and f"<li><a href='{backlink}'>首页</a></li>" in shown
     link = app.note_ref("vault:sample_vault/生活/台北咖啡館筆記.md")

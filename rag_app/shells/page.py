@@ -962,16 +962,16 @@ class ChatPage:
                 index = 0
         self._choose(request, session)  # a load still under way leaves this chat alone
         asked = [*history, {"role": "user", "content": safe_markdown(message)}]
+        # A new conversation is listed (and marked open) with the first update, so the page's script puts its name
+        # in the URL while the answer is still coming. Listed before the question goes to the engine's one thread.
+        listing = self.conversations(session) if started else gr.skip()
         tokens: queue.Queue[str | None] = queue.Queue()
         future = self._worker.submit(
             self.brain.ask, message, session=session, sources=tuple(sources or ()), tags=split_tags(tags),
             since=since or None, until=until or None, on_token=tokens.put,
         )
         future.add_done_callback(lambda _: tokens.put(None))
-        # A new conversation is listed (and marked open) at once: the page's script puts its name in the URL, so
-        # a follow-up asked while this answer streams goes to it.
-        yield [*asked, {"role": "assistant", "content": "…"}], session, \
-            self.conversations(session) if started else gr.skip(), ""
+        yield [*asked, {"role": "assistant", "content": "…"}], session, listing, ""
         text = ""
         while (piece := tokens.get()) is not None:
             text += piece
