@@ -1,6 +1,7 @@
 """The chat page in a real headless Chromium (1400 px and a 400 px phone): `brain serve` as a user starts it, a
 conversation held with an OpenAI-compatible double, kept over a reload, notes opened in the page, nothing fetched;
-conversations in the sidebar (new, rename, delete; "new" reliable from the first moment), a long conversation that
+conversations in the sidebar (new, rename, delete; "new" reliable from the first moment) and named by the URL
+(reload, shared link, back and forward; a bare URL is a new chat), a stop in under 3 s, a long conversation that
 keeps each question in view, tables and cited passages at phone width. Screenshots go to the folder BRAIN_SCREENSHOTS
 names (`make screenshots`: docs/screenshots/, which the README shows), else to a temporary folder."""
 
