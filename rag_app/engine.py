@@ -40,6 +40,7 @@ from rag_app.ingest.sync import (
     SyncReport,
     channel_progress,
     remove_source,
+    stop_on_signals,
     sync_sources,
     time_left,
 )
@@ -59,7 +60,7 @@ __all__ = ["MAX_CAPTURE_BYTES", "MAX_QUERIES", "MAX_TAGS", "MAX_TITLE_CHARS", "B
            "CaptureError", "ConfigError", "DiskFull", "HomeGone", "NoteNotFound", "Progress", "SearchCancelled",
            "SearchError",
            "SessionError", "SessionNotFound", "SourceError", "SourceReport", "StopRequested", "StoreError",
-           "SyncBusyError", "SyncReport", "time_left"]
+           "SyncBusyError", "SyncReport", "stop_on_signals", "time_left"]
 
 
 log = logging.getLogger("cflow_brain.engine")

@@ -41,6 +41,15 @@ STRONG = "<span class='brain-strength brain-strong'>strong</span>"
 RELATED = "<span class='brain-strength brain-related'>related</span>"
 
 
+class Tab:
+    """What Gradio hands a handler about the open tab it serves: gr.Request's session_hash and the page's query
+    string, whose `conversation` names the conversation on screen (none: a new chat)."""
+
+    def __init__(self, name: str, conversation: str | None = None):
+        self.session_hash = name
+        self.query_params = {app.CONVERSATION_PARAM: conversation} if conversation else {}
+
+
 def ask(chat: app.ChatPage, question: str = QUESTION, history: list[dict[str, Any]] | None = None,
         session: str | None = None, tab: Any = None, **filters: Any) -> list[tuple[Any, ...]]:
     """Every update the page streams for one question; `tab` stands for the gr.Request of an open tab."""
@@ -136,19 +145,12 @@ def test_a_conversation_continues_and_survives_a_restart(own_home: Path,
     assert app.note_ref(MOVIES, 1, 1) in messages[-1]["content"]  # …and found the movies note again
     first.close()
 
-    chat, name, listing, llm_line, status, first, earlier = pages(own_home).load()  # a new process sees the same
+    chat, name, listing, llm_line, status, first, earlier = pages(own_home).load(Tab("t", session))  # a restart
     assert name == session and "brain-conv-open" in listing
     assert [m["content"] for m in chat["value"]] == [m["content"] for m in messages]
     assert len(chat["examples"]) == 4, "example questions from the notes, for an empty chat"
     assert (first, earlier["visible"]) == (0, False)
     assert llm_line.startswith("**cflow-brain** · No LLM configured") and "41 notes" in status
-
-
-class Tab:
-    """What Gradio hands a handler about the open tab it serves (gr.Request's session_hash)."""
-
-    def __init__(self, name: str):
-        self.session_hash = name
 
 
 def listed(listing: str) -> list[str]:
@@ -183,25 +185,32 @@ def test_conversations_are_listed_renamed_and_deleted(page: app.ChatPage) -> Non
     assert page.open_session(app.conversation_ref("films"))[1] is None, "a deleted one opens as a new chat"
 
 
-def test_the_server_decides_which_conversation_a_tab_is_in(page: app.ChatPage) -> None:
-    """Issue 20: "New conversation" pressed while a cold page was still loading lost to the load, and the next
-    question joined the newest conversation. The tab's choice is kept on the server; a load that finishes after it
-    leaves the chat alone, and a question in a new chat always starts its own conversation."""
+def test_the_url_names_the_conversation_every_call_acts_on(page: app.ChatPage) -> None:
+    """Issue 29 item 3: a question typed just after a reload showed a new chat but joined the most recently used
+    conversation, and a reload opened that one, not the one on screen. The URL names the conversation on screen
+    (none: a new chat); a load and a question both act on it, whatever the page's state says."""
     _, old, _, _ = ask(page)[-1]
-    tab = Tab("tab-1")
+    chat, session, listing, *_ = page.load(Tab("fresh"))
+    assert (chat["value"], session) == ([], None) and "brain-conv-open" not in listing, "no name: a new chat"
+    assert listed(listing) == [old]
+    outputs = ask(page, "番茄炒蛋怎么做", [], old, Tab("fresh"))  # the page's state still says: the old one
+    assert [o[1] for o in outputs] == ["番茄炒蛋怎么做"] * len(outputs) and page.brain.session(old)["total"] == 1
+    assert "class='brain-conv-open' aria-current='true'><span class='brain-conv-title'>番茄炒蛋怎么做<" in \
+        outputs[0][2], "listed as open with the first update: the page's script puts it in the URL at once"
+
+    chat, session, listing, *_ = page.load(Tab("reload", old))
+    assert session == old and [m["content"] for m in chat["value"]][:1] == [QUESTION], "not the newest: the URL's"
+    assert "class='brain-conv-open' aria-current='true'><span class='brain-conv-title'>我想看哪些电影？<" in listing
+    shown, again, _, _ = ask(page, FOLLOW_UP, [], None, Tab("asked-before-the-turns-showed", old))[-1]
+    assert again == old and page.brain.session(old)["total"] == 2
+    assert [m["content"] for m in shown[::2]] == [QUESTION, FOLLOW_UP], "the whole conversation shown, not one turn"
+    assert page.load(Tab("shared", "no such conversation"))[1] is None, "a link to one deleted since: a new chat"
+
+    tab = Tab("tab-1", old)
     page.new_session(tab)  # pressed before the load below finished
     chat, session, listing, *_ = page.load(tab)
     assert session == gr.skip() and "value" not in chat, "the load leaves the new chat alone"
-    assert listed(listing) == [old] and "brain-conv-open" not in listing
-    _, stale_page_state, _, _ = ask(page, "番茄炒蛋怎么做", [], old, tab)[-1]  # the page still thinks: the old one
-    assert stale_page_state == "番茄炒蛋怎么做" != old
-    assert page.brain.session(old)["total"] == 1
-
-    other = Tab("tab-2")
-    assert page.load(other)[1] == "番茄炒蛋怎么做", "a tab that chose nothing opens on the newest"
-    _, again, _, _ = ask(page, "第二部是谁导演的？", [], None, other)[-1]
-    assert again == "番茄炒蛋怎么做" and page.brain.session(again)["total"] == 2, "it continues what it shows"
-    page.new_session(other)
+    assert "brain-conv-open" not in listing
     names = [ask(page, "同一个问题", [], None, tab)[-1][1] for tab in (Tab("a"), Tab("b"))]
     assert names == ["同一个问题", "同一个问题 (2)"], "two new chats never share a conversation"
 
@@ -228,7 +237,7 @@ def test_a_long_conversation_shows_its_last_turns_and_loads_earlier_ones_on_requ
     tracemalloc.start()
     started = time.monotonic()
     try:
-        chat, name, _, _, _, first, earlier = fresh.load()
+        chat, name, _, _, _, first, earlier = fresh.load(Tab("t", session))
         shown = chat["value"]
         seconds, peak = time.monotonic() - started, tracemalloc.get_traced_memory()[1]
     finally:
@@ -260,7 +269,7 @@ def test_clicking_a_citation_opens_the_note_with_the_cited_passage_lit(page: app
     assert shown.count('id="brain-hit"') == 1 and lit
     lit_text = re.sub(r"<[^>]+>", "", "".join(body for _, body in lit))
     assert alnum(cited["excerpt"])[:30] in alnum(lit_text), "the passage the answer cited is the one lit"
-    assert "☐ 《花样年华》——王家卫" in shown
+    assert "<span class='brain-task'>☐</span> 《花样年华》——王家卫" in shown
     backlink = app.note_ref("vault:sample_vault/index.md")
     assert "<h4>Backlinks</h4>" in shown and f"<li><a href='{backlink}'>首页</a></li>" in shown
     link = app.note_ref("vault:sample_vault/生活/台北咖啡館筆記.md")
@@ -316,16 +325,29 @@ def test_note_text_renders_as_markdown_that_loads_and_runs_nothing() -> None:
     shown = app.note_markdown_html(HOSTILE_NOTE, wikilinks={"linked note": "vault:v/Linked note.md"})
     assert "<h1>Title &lt;script&gt;alert(1)&lt;/script&gt;</h1>" in shown
     assert "&lt;img src=&quot;http://127.0.0.1:9/leak&quot;&gt;" in shown and "[pixel]" in shown
-    assert not re.search(r"<(img|script|iframe|svg|picture|source|object|embed|span)\b", shown)
+    assert not re.search(r"<(img|script|iframe|svg|picture|source|object|embed)\b", shown)
+    assert re.findall(r"<span\b[^>]*>", shown) == ["<span class='brain-task'>"] * 2, "only the page's task boxes"
     assert 'href="javascript' not in shown and 'href="data' not in shown and ">js<" not in shown
     assert '<a href="https://example.com/a" target="_blank" rel="noopener noreferrer">web</a>' in shown
     assert '<a href="https://example.com/auto" target="_blank" rel="noopener noreferrer">' in shown
     assert f'<a href="{app.note_ref("vault:v/Linked note.md")}">shown label</a>' in shown
     assert "Unknown note" in shown and "embedded.png" in shown and shown.count("<a ") == 3
-    assert "<li>☐ open task</li>" in shown and "<li>☑ done task</li>" in shown
+    assert "<li><span class='brain-task'>☐</span> open task</li>" in shown, "one box, the bullet dropped (CSS)"
+    assert "<li><span class='brain-task'>☑</span> done task</li>" in shown
     assert "<td>&lt;b&gt;1&lt;/b&gt;</td>" in shown
     assert '<pre><code class="language-html">&lt;iframe src=&quot;http://127.0.0.1:9/frame&quot;&gt;' in shown
     assert "<code>&lt;span onclick=x&gt;</code>" in shown
+
+
+def test_a_task_list_in_an_answer_shows_one_box_per_task_and_code_as_written() -> None:
+    """Issue 29 item 7: task items showed a bullet and a box ("○ ☐"). Each becomes one box the page's CSS puts in
+    the bullet's place, whether the engine wrote it (☐ ☑) or an LLM did (`[ ]`, `[x]`); code is not touched."""
+    answer = "- ☐ 《一一》 [1]\n- [x] done\n  - [ ] nested\n1. [X] numbered\n- plain\n\n```\n- [ ] in code\n```\n" \
+             "text - [ ] mid-line `- [ ] code`"
+    shown = app.turn_markdown({"question": "q", "answer": answer, "citations": [], "mode": "llm"}, 0, (), False)
+    box, done = app.task_box(False), app.task_box(True)
+    assert f"- {box} 《一一》 \\[1\\]\n- {done} done\n  - {box} nested\n1. {done} numbered\n- plain\n" in shown
+    assert "- [ ] in code" in shown and "text - \\[ \\] mid-line `- [ ] code`" in shown
 
 
 def test_the_cited_passage_is_found_however_the_excerpt_was_flattened() -> None:

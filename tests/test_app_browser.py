@@ -1,6 +1,7 @@
 """The chat page in a real headless Chromium (1400 px and a 400 px phone): `brain serve` as a user starts it, a
 conversation held with an OpenAI-compatible double, kept over a reload, notes opened in the page, nothing fetched;
-conversations in the sidebar (new, rename, delete; "new" reliable from the first moment), a long conversation that
+conversations in the sidebar (new, rename, delete; "new" reliable from the first moment) and named by the URL
+(reload, shared link, back and forward; a bare URL is a new chat), a stop in under 3 s, a long conversation that
 keeps each question in view, tables and cited passages at phone width. Screenshots go to the folder BRAIN_SCREENSHOTS
 names (`make screenshots`: docs/screenshots/, which the README shows), else to a temporary folder."""
 
@@ -19,7 +20,7 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import pytest
 
@@ -40,7 +41,9 @@ if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
                 allow_module_level=True)
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is missing: `make install` installs it")
 
-from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException  # noqa: E402
+from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
+from selenium.webdriver.common.actions.wheel_input import ScrollOrigin  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
@@ -442,6 +445,170 @@ def test_new_conversation_is_reliable_from_the_first_moment_and_the_sidebar_keep
     patient(browser, 30).until(lambda d: listed(d)[:1] == [picked])
 
 
+def url_conversation(driver: webdriver.Chrome) -> str | None:
+    """The conversation the page's URL names (None: a new chat)."""
+    return (parse_qs(urlsplit(driver.current_url).query).get("conversation") or [None])[0]
+
+
+def conversation_page(url: str, name: str) -> str:
+    """The page's URL for one conversation, as the address bar shows it and a reader shares it."""
+    return f"{url}?conversation={quote(name, safe='')}"
+
+
+def settled(driver: webdriver.Chrome, question: str) -> list[str] | bool:
+    """The chat's questions once `question` is among them and every one is answered, else False."""
+    try:
+        asked = user_questions(driver)
+    except StaleElementReferenceException:
+        return False
+    return asked if question in asked and answered(driver, len(asked)) else False
+
+
+def press_new_conversation(driver: webdriver.Chrome, narrow: bool) -> float:
+    """Press "New conversation" the moment it is in the page (on a phone, opening the drawer first, as a thumb
+    would); returns how long after it appeared the press went through."""
+    button = WebDriverWait(driver, 60, poll_frequency=0.02).until(lambda d: d.find_element(By.ID, "new-session"))
+    appeared = time.monotonic()
+    while True:
+        try:
+            if narrow and "open" not in driver.find_element(By.ID, "sidebar").get_attribute("class"):
+                driver.find_element(By.CSS_SELECTOR, "#sidebar .toggle-button").click()
+            button.click()
+            return time.monotonic() - appeared
+        except WebDriverException:
+            if time.monotonic() - appeared > 10:
+                raise
+            time.sleep(0.02)
+
+
+@pytest.mark.parametrize("width", [1400, 400])
+def test_the_url_names_the_conversation_on_screen_and_a_question_goes_to_it(
+        width: int, sample_home: Path, start_served: Callable[..., Served], browser: webdriver.Chrome,
+        tmp_path: Path) -> None:
+    """Issue 29 item 3: a question typed within ~0.5 s of a reload looked like a new chat but was stored as turn 2
+    of the last-used conversation, and a reload reopened the most recently used conversation, not the one on
+    screen. The URL names the conversation on screen; a question goes to it, a reload, a shared link, back and
+    forward open it, and a page with none is a new chat."""
+    home = tmp_path / "url-home"
+    shutil.copytree(sample_home, home)
+    brain = Brain(home)
+    brain.ask(FIRST, 3, session="旧对话")
+    brain.close()
+    served = start_served(home)
+    if width == 400:
+        as_phone(browser)
+    docker, mango = "docker 怎么清理镜像", "番茄要选什么样的"
+    fresh = {0.1: "番茄炒蛋怎么做", 1.5: "rust 的借用规则"}  # typed this long after the question box shows
+
+    for delay, question in fresh.items():
+        browser.get(served.url)
+        box = WebDriverWait(browser, 60, poll_frequency=0.02).until(
+            lambda d: d.find_element(By.CSS_SELECTOR, "#question textarea"))
+        time.sleep(delay)
+        box.send_keys(question)
+        box.send_keys(Keys.ENTER)
+        assert patient(browser, 180).until(lambda d, q=question: settled(d, q)) == [question], "a fresh page: new"
+        assert served.session("旧对话")["total"] == 1, "the question went to a new conversation, not the last one"
+        assert served.session(question)["total"] == 1
+    patient(browser, 30).until(lambda d: url_conversation(d) == fresh[1.5])
+
+    browser.get(conversation_page(served.url, "旧对话"))  # a shared link; the most recently used is the other one
+    assert patient(browser, 60).until(lambda d: settled(d, FIRST)) == [FIRST]
+    browser.refresh()
+    assert patient(browser, 60).until(lambda d: settled(d, FIRST)) == [FIRST], "a reload keeps the URL's"
+    assert url_conversation(browser) == "旧对话"
+    screenshot(browser, f"conversation-url-{width}.png")
+
+    browser.refresh()
+    pressed = press_new_conversation(browser, width == 400)
+    assert url_conversation(browser) is None, "New conversation changes the URL at once"
+    time.sleep(2)  # time for the page's load to finish: it must not bring the old conversation back
+    assert user_questions(browser) == [] and url_conversation(browser) is None
+    print(f"New conversation went through {pressed:.2f} s after it appeared")
+    assert pressed < 2, "clickable at once"
+    ask_in_page(browser, docker)
+    assert patient(browser, 180).until(lambda d: settled(d, docker)) == [docker]
+    patient(browser, 30).until(lambda d: url_conversation(d) == docker)
+
+    browser.back()
+    assert patient(browser, 60).until(lambda d: settled(d, FIRST)) == [FIRST], "back opens the previous one"
+    assert url_conversation(browser) == "旧对话"
+    ask_in_page(browser, mango)
+    assert patient(browser, 180).until(lambda d: settled(d, mango)) == [FIRST, mango], "asked where it shows"
+    browser.forward()
+    assert patient(browser, 60).until(lambda d: settled(d, docker)) == [docker]
+    assert [served.session(name)["total"] for name in ("旧对话", *fresh.values(), docker)] == [2, 1, 1, 1]
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM])
+def test_brain_serve_stops_at_once_with_a_tab_open(stop_signal: signal.Signals, start_served: Callable[..., Served],
+                                                   browser: webdriver.Chrome) -> None:
+    """Issue 29 item 7: with a tab open, `brain serve` took 9–10 s to stop on Ctrl-C: Gradio stopped only its web
+    server, which waited for the tab's heartbeat stream, and then the interpreter's last garbage collection walked
+    every object the page and the models made. SIGTERM (systemd's stop) ended it without closing anything."""
+    served = start_served()
+    browser.get(served.url)
+    patient(browser, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#conversations .brain-note-hint, "
+                                                                         "#conversations .brain-convs"))
+    warm_socket = served.home / "warm" / "engine.sock"
+    assert warm_socket.exists()
+    started = time.monotonic()
+    served.process.send_signal(stop_signal)
+    code = served.process.wait(timeout=60)
+    seconds = time.monotonic() - started
+    print(f"stopped {seconds:.2f} s after {stop_signal.name}")
+    assert code == 0 and not warm_socket.exists(), "a clean stop: the warm engine's socket is gone"
+    # The goal is 2 s; ~0.5 s is measured here with other tests running on the two cores. The bound leaves a busy
+    # machine room and still fails the 5–10 s seen before.
+    assert seconds < 3
+
+
+def chat_scroller_arrow(driver: webdriver.Chrome) -> Any:
+    """The chat's "scroll down" arrow, once it shows (after the reader scrolled up)."""
+    found = driver.find_elements(By.CSS_SELECTOR, "#chat .scroll-down-button-container button")
+    return found[0] if found and found[0].is_displayed() else False
+
+
+def list_items(driver: webdriver.Chrome, selector: str) -> list[list[str]]:
+    """[text, list-style-type] of each list item the selector finds."""
+    return driver.execute_script("return [...document.querySelectorAll(arguments[0])].map(li => "
+                                 "[li.textContent.trim(), getComputedStyle(li).listStyleType]);", selector)
+
+
+def test_at_phone_width_tasks_show_one_box_and_the_scroll_arrow_stays_under_the_open_drawer(
+        start_served: Callable[..., Served], browser: webdriver.Chrome) -> None:
+    """Issue 29 item 7: task items showed "○ ☐" (a bullet and a box), and at 400 px the chat's "↓" arrow floated
+    over the open conversations drawer."""
+    served = start_served()
+    as_phone(browser)
+    browser.get(served.url)
+    ask_in_page(browser, FIRST)
+    WebDriverWait(browser, 180).until(lambda d: answered(d, 1))
+    tasks = [item for item in list_items(browser, "#chat li") if "花样年华" in item[0]]
+    assert tasks and all(text.startswith("☐") and text.count("☐") == 1 and style == "none" for text, style in tasks), \
+        tasks
+    citation(browser, 0).click()
+    patient(browser, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#note-view .brain-note-links li"))
+    tasks = [item for item in list_items(browser, "#note-view li") if item[0].startswith(("☐", "☑"))]
+    assert len(tasks) == 6 and {style for _, style in tasks} == {"none"}, tasks
+    linked = list_items(browser, "#note-view .brain-note-links li")
+    assert linked and {style for _, style in linked} == {"disc"}, f"an ordinary item has a bullet: {linked}"
+
+    ask_in_page(browser, "docker 怎么清理镜像")
+    WebDriverWait(browser, 180).until(lambda d: answered(d, 2))
+    wrap = browser.find_element(By.CSS_SELECTOR, "#chat .bubble-wrap")
+    ActionChains(browser).scroll_from_origin(ScrollOrigin.from_element(wrap), 0, -3000).perform()
+    arrow = patient(browser, 10).until(chat_scroller_arrow)
+    browser.find_element(By.CSS_SELECTOR, "#sidebar .toggle-button").click()
+    patient(browser, 10).until(lambda d: "open" in d.find_element(By.ID, "sidebar").get_attribute("class"))
+    time.sleep(0.5)  # the drawer's slide has ended
+    on_top = browser.execute_script("const r = arguments[0].getBoundingClientRect();"
+                                    "return arguments[0].contains(document.elementFromPoint(r.x + r.width / 2, "
+                                    "r.y + r.height / 2));", arrow)
+    screenshot(browser, "phone-400-drawer-open.png")
+    assert not on_top, "the open drawer covers the chat's arrow"
+
+
 def question_in_view(driver: webdriver.Chrome) -> bool:
     """The last question asked is inside the chat's visible part (and the window)."""
     return driver.execute_script("""
@@ -493,7 +660,7 @@ def test_a_long_conversation_opens_on_its_last_turns_and_loads_earlier_ones_on_r
     brain.ask(FIRST, 3, session="长对话")
     brain.close()
     repeat_turn(home, "长对话", 2_000)
-    browser.get(start_served(home).url)
+    browser.get(conversation_page(start_served(home).url, "长对话"))
 
     def questions(driver: webdriver.Chrome) -> list[str]:
         return [u.text for u in driver.find_elements(By.CSS_SELECTOR, "[data-testid='user']")]

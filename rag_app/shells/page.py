@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextvars
 import datetime as dt
+import gc
 import html
 import ipaddress
 import math
@@ -41,7 +42,9 @@ from rag_app.engine import (  # noqa: E402
     SearchError,
     SessionNotFound,
     SourceReport,
+    StopRequested,
     SyncBusyError,
+    stop_on_signals,
     time_left,
 )
 
@@ -161,6 +164,52 @@ for (const kind of ["wheel", "touchmove", "keydown"]) {
   }, {passive: true, capture: true});
 }
 </script>"""
+# The URL names the conversation on screen (?conversation=NAME; none: a new chat). Gradio sends the page's query
+# string with every call, so a question goes to the conversation the URL names (conversation_on_screen), never to one
+# a load or another tab picked. The script puts a conversation picked in the sidebar (or none, for "New
+# conversation") in the URL the moment it is clicked, follows the conversation the server marks open in the sidebar
+# (a first question names the new one, a rename, a delete), and opens the URL's conversation on back and forward.
+CONVERSATION_URL_SCRIPT = """<script>
+const BRAIN_PARAM = "conversation";
+function brainUrlConversation() {
+  return new URLSearchParams(location.search).get(BRAIN_PARAM) || "";
+}
+function brainShowInUrl(name, push) {
+  if (name === brainUrlConversation()) return;
+  const query = new URLSearchParams(location.search);
+  if (name) query.set(BRAIN_PARAM, name); else query.delete(BRAIN_PARAM);
+  const search = query.toString();
+  const url = location.pathname + (search ? `?${search}` : "") + location.hash;
+  if (push) history.pushState(null, "", url); else history.replaceState(null, "", url);
+}
+function brainLinkedConversation(href) {
+  return new URLSearchParams((href || "").split("?").slice(1).join("?")).get("name") || "";
+}
+document.addEventListener("click", (event) => {
+  const target = event.target instanceof Element ? event.target : null;
+  const link = target && target.closest('#conversations a[href^="#brain-conv?"]');
+  if (link) brainShowInUrl(brainLinkedConversation(link.getAttribute("href")), true);
+  else if (target && target.closest("#new-session")) brainShowInUrl("", true);
+}, true);
+let brainMarked = null;  // the conversation the sidebar last marked open ("": a new chat; null: no list yet)
+new MutationObserver(() => {
+  const list = document.getElementById("conversations");
+  if (!list || !list.querySelector(".brain-convs, .brain-note-hint")) return;
+  const open = list.querySelector("a.brain-conv-open");
+  const name = open ? brainLinkedConversation(open.getAttribute("href")) : "";
+  if (name === brainMarked) return;  // only a change is news: a click may have put the URL ahead of the list
+  brainMarked = name;
+  brainShowInUrl(name, false);
+}).observe(document.documentElement, {childList: true, subtree: true, characterData: true});
+window.addEventListener("popstate", () => {
+  const box = document.querySelector("#conv-request textarea, #conv-request input");
+  const button = document.getElementById("conv-open");
+  if (!box || !button) return;
+  box.value = `brain-conv?name=${encodeURIComponent(brainUrlConversation())}`;
+  box.dispatchEvent(new Event("input", {bubbles: true}));
+  button.click();
+});
+</script>"""
 PAGE_CSS = """
 #note-view { max-height: 78vh; overflow-y: auto; }
 .brain-note { line-height: 1.55; }
@@ -187,6 +236,13 @@ PAGE_CSS = """
 .brain-strong { background: rgba(34, 160, 90, .18); color: rgb(20, 120, 60); }
 .brain-related, .brain-unsure { background: rgba(230, 160, 0, .2); color: rgb(150, 95, 0); }
 .brain-weak, .brain-not-found { background: rgba(120, 120, 120, .18); color: rgb(85, 85, 85); }
+/* Lists: a bullet for an item, one checkbox for a task (in the bullet's place, not beside a bullet). */
+#chat ul > li, #note-view ul > li { list-style-type: disc; }
+#chat li:has(> .brain-task:first-child), #chat li:has(> p:first-child > .brain-task:first-child),
+#note-view li:has(> .brain-task:first-child) { list-style-type: none; }
+.brain-task { display: inline-block; width: 1.3em; margin-left: -1.3em; }
+/* The chat's "scroll down" arrow stays under the conversations drawer (Gradio puts it on its top layer). */
+#chat .scroll-down-button-container { z-index: 10; }
 /* One way to start fresh: "New conversation". The chat's own trash button would only hide the turns. */
 #chat button[aria-label="Clear"], #chat button[title="Clear"] { display: none; }
 @media (max-width: 768px) {
@@ -358,6 +414,31 @@ def link_citations(markdown: str, citations: list[dict[str, Any]], turn: int) ->
                    for part in split_code(markdown))
 
 
+# A task list item as the answer's markdown holds it: its box as the engine writes it (☐ ☑) or as an LLM does
+# (`[ ]`, `[x]`, escaped by safe_markdown).
+_TASK_ITEM = re.compile(r"(?m)^([ \t]*(?:[-*+]|\d{1,9}[.)])[ \t]+)(☐|☑|\\\[ \\\]|\\\[[xX]\\\])(?=[ \t])")
+
+
+def task_box(done: bool) -> str:
+    """A task's checkbox, one glyph where the list's bullet would be (the page's CSS drops that bullet)."""
+    return f"<span class='brain-task'>{'☑' if done else '☐'}</span>"
+
+
+def task_boxes(markdown: str) -> str:
+    """Each task list item of a sanitised answer shows one checkbox, not a bullet and a box; code is left as is."""
+    out: list[str] = []
+    for part in split_code(markdown):
+        if part.kind != "prose":
+            out.append(part.raw)
+            continue
+        text = part.text
+        at_line_start = not out or out[-1].endswith("\n")
+        head, newline, rest = ("", "", text) if at_line_start else text.partition("\n")
+        rest = _TASK_ITEM.sub(lambda m: m.group(1) + task_box(m.group(2) not in ("☐", "\\[ \\]")), rest)
+        out.append(head + newline + rest)
+    return "".join(out)
+
+
 def shown_citations(citations: list[dict[str, Any]], cited: Iterable[int]) -> set[int]:
     """The sources worth showing at once: those the answer cites and the strong ones; the rest go behind "more"."""
     cited = set(cited)
@@ -433,7 +514,7 @@ def turn_markdown(turn: dict[str, Any], index: int, allowed: Iterable[str], obsi
     citations = turn.get("citations") or []
     state = answer_strength(turn)
     parts = [strength_badge(state)] if state else []
-    parts.append(link_citations(safe_markdown(str(turn.get("answer") or ""), allowed), citations, index))
+    parts.append(task_boxes(link_citations(safe_markdown(str(turn.get("answer") or ""), allowed), citations, index)))
     condensed = str(coverage.get("condensed_query") or "").strip()
     if condensed and condensed != str(turn.get("question") or "").strip():
         parts.append(f"_Searched for: {escape_markdown(condensed)}_")
@@ -568,8 +649,7 @@ def _disarm(tokens: list[Token]) -> None:
         if token.type != "inline" or not token.children:
             continue
         if index >= 2 and tokens[index - 2].type == "list_item_open" and token.children[0].type == "text":
-            first = token.children[0]
-            first.content = re.sub(r"^\[ \]\s", "☐ ", re.sub(r"^\[[xX]\]\s", "☑ ", first.content))
+            _task_box_token(token)
         open_links: list[bool] = []
         for child in token.children:
             if child.type == "image":
@@ -585,6 +665,18 @@ def _disarm(tokens: list[Token]) -> None:
                     child.attrs.update(target="_blank", rel="noopener noreferrer")
             elif child.type == "link_close" and open_links and not open_links.pop():
                 child.type, child.tag, child.content = "text", "", ""
+
+
+def _task_box_token(inline: Token) -> None:
+    """A list item's leading `[ ]` / `[x]` becomes its one checkbox (task_box), in its own token before the text."""
+    first = inline.children[0] if inline.children else None
+    match = re.match(r"\[([ xX])\]\s", first.content) if first is not None else None
+    if first is None or match is None:
+        return
+    box = Token("html_inline", "", 0)
+    box.content = task_box(match.group(1) != " ") + " "
+    first.content = first.content[match.end():]
+    inline.children.insert(0, box)
 
 
 def note_markdown_html(text: str, lit: tuple[int, int] | None = None, wikilinks: dict[str, str] | None = None) -> str:
@@ -710,6 +802,19 @@ def _tab_of(request: gr.Request | None) -> str | None:
     return getattr(request, "session_hash", None) or None
 
 
+CONVERSATION_PARAM = "conversation"  # ?conversation=NAME: the page's URL names the conversation on screen
+
+
+def conversation_on_screen(request: gr.Request | None, session: str | None) -> str | None:
+    """The conversation a call acts on: the one the tab's URL names (Gradio sends the page's query string with
+    every call, and the page's script keeps the URL on the conversation shown), None for a new chat. Outside
+    Gradio (a test, a script calling the handlers) there is no URL: the caller's `session` says."""
+    params = getattr(request, "query_params", None)
+    if params is None:
+        return session
+    return str(params.get(CONVERSATION_PARAM) or "") or None
+
+
 def earlier_button(first: int) -> Any:
     """The earlier-turns button: shown while turns before the first one shown exist, saying how many."""
     return gr.update(visible=first > 0, value=f"Show earlier turns ({first:,} more)")
@@ -741,7 +846,7 @@ Messages = list[dict[str, Any]]
 
 class ChatPage:
     """The page's handlers over one Brain. The conversation lives in the engine's sessions (the home's store), so
-    a reload or a restart shows it again; the browser only remembers which one it is in for the life of the tab."""
+    a reload or a restart shows it again; the tab's URL names which one it is in (conversation_on_screen)."""
 
     def __init__(self, brain: Brain, obsidian: bool | None = None):
         self.brain = brain
@@ -749,9 +854,9 @@ class ChatPage:
         # One worker runs engine calls: answers stream from it while the page yields; a sync never overlaps a question.
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="brain")
         self._closed = False
-        # Which conversation each open tab is in (None: a new chat), by Gradio's session hash. The server decides,
-        # not the page's state: "New conversation" pressed before the page finished loading must still win over
-        # the load that would reopen the newest conversation.
+        # Which conversation each open tab last chose (None: a new chat), by Gradio's session hash: a load that
+        # finishes after "New conversation" (or a first question) leaves the chat alone. Which conversation a call
+        # acts on is the one the tab's URL names (conversation_on_screen).
         self._tabs: OrderedDict[str, str | None] = OrderedDict()
         self._tabs_lock = threading.Lock()
 
@@ -784,9 +889,11 @@ class ChatPage:
             messages += self._turn_messages(turn, shown["first"] + offset)
         return messages, shown["first"]
 
-    def earlier_turns(self, session: str | None, first: int, history: Messages | None) -> tuple[Messages, int, Any]:
+    def earlier_turns(self, session: str | None, first: int, history: Messages | None,
+                      request: gr.Request | None = None) -> tuple[Messages, int, Any]:
         """The page of turns before the first one shown, put above them; returns the chat, the new first turn and
         the button."""
+        session = conversation_on_screen(request, session)
         older, first = self.conversation(session, first) if session and first > 0 else ([], first)
         return [*older, *(history or [])], first, earlier_button(first)
 
@@ -797,12 +904,11 @@ class ChatPage:
 
     # Which conversation a tab is in
 
-    def _in_tab(self, request: gr.Request | None, session: str | None) -> str | None:
-        """The conversation this tab is in: the server's record, else (a server restarted under an open tab, or a
-        call from outside Gradio) what the page says."""
+    def _chosen(self, request: gr.Request | None) -> str | None:
+        """The conversation this tab chose last (None: a new chat, or none chosen yet)."""
         tab = _tab_of(request)
         with self._tabs_lock:
-            return self._tabs.get(tab, session) if tab else session
+            return self._tabs.get(tab) if tab else None
 
     def _choose(self, request: gr.Request | None, name: str | None, unless_chosen: bool = False) -> bool:
         """Put the tab in conversation `name` (None: a new chat); with `unless_chosen`, only if the tab has not
@@ -823,18 +929,19 @@ class ChatPage:
         return conversations_html(self._run(self.brain.sessions), open_name)
 
     def load(self, request: gr.Request | None = None) -> tuple[Any, Any, str, str, str, Any, Any]:
-        """On (re)load: the newest conversation (unless this tab chose another, or a new chat, while it loaded), the
-        sidebar's list, the LLM line, the status, the first turn shown and the earlier-turns button. The chat's
-        example questions come from the notes, for when it is empty."""
+        """On (re)load: the conversation the URL names (a new chat when it names none, or one that is gone), unless
+        this tab chose another, or a new chat, while it loaded; the sidebar's list, the LLM line, the status, the
+        first turn shown and the earlier-turns button. The chat's example questions come from the notes, for when
+        it is empty."""
         listing = self._run(self.brain.sessions)
-        newest = listing[0]["name"] if listing else None
-        shown, first = self.conversation(newest)
+        wanted = conversation_on_screen(request, None)
+        name = wanted if any(s["name"] == wanted for s in listing) else None
+        shown, first = self.conversation(name)
         examples = [{"text": question} for question in self._run(self.brain.example_questions)]
-        if not self._choose(request, newest, unless_chosen=True):  # the tab moved on while this loaded
-            name = self._in_tab(request, None)
-            return (gr.update(examples=examples), gr.skip(), self.conversations(name), self.llm_line(),
-                    self.status(), gr.skip(), gr.skip())
-        return (gr.update(value=shown, examples=examples), newest, conversations_html(listing, newest),
+        if not self._choose(request, name, unless_chosen=True):  # the tab moved on while this loaded
+            return (gr.update(examples=examples), gr.skip(), self.conversations(self._chosen(request)),
+                    self.llm_line(), self.status(), gr.skip(), gr.skip())
+        return (gr.update(value=shown, examples=examples), name, conversations_html(listing, name),
                 self.llm_line(), self.status(), first, earlier_button(first))
 
     def chat(self, message: str, history: Messages | None, session: str | None, sources: list[str] | None,
@@ -850,25 +957,28 @@ class ChatPage:
         if not message:
             yield history, session, gr.skip(), gr.skip()
             return
-        session = self._in_tab(request, session)
+        session = conversation_on_screen(request, session)
         started = session is None
         if started:
             session = self._run(self.brain.start_session, message)
-            self._choose(request, session)
             history, index = [], 0
         else:
             try:
                 index = self._run(self.brain.session, session, 0)["total"]
             except SessionNotFound:
                 index = 0
+        self._choose(request, session)  # a load still under way leaves this chat alone
         asked = [*history, {"role": "user", "content": safe_markdown(message)}]
+        # A new conversation is listed (and marked open) with the first update, so the page's script puts its name
+        # in the URL while the answer is still coming. Listed before the question goes to the engine's one thread.
+        listing = self.conversations(session) if started else gr.skip()
         tokens: queue.Queue[str | None] = queue.Queue()
         future = self._worker.submit(
             self.brain.ask, message, session=session, sources=tuple(sources or ()), tags=split_tags(tags),
             since=since or None, until=until or None, on_token=tokens.put,
         )
         future.add_done_callback(lambda _: tokens.put(None))
-        yield [*asked, {"role": "assistant", "content": "…"}], session, gr.skip(), ""
+        yield [*asked, {"role": "assistant", "content": "…"}], session, listing, ""
         text = ""
         while (piece := tokens.get()) is not None:
             text += piece
@@ -882,6 +992,9 @@ class ChatPage:
                 session = None
             yield [*asked, {"role": "assistant", "content": f"⚠️ {safe_markdown(str(exc))}"}], session, \
                 self.conversations(session), gr.skip()
+            return
+        if index and not history:  # asked before the page showed the conversation's turns: show them now
+            yield self.conversation(session)[0], session, self.conversations(session), gr.skip()
             return
         turn = {"question": message, **response}
         yield [*history, *self._turn_messages(turn, index)], session, self.conversations(session), gr.skip()
@@ -919,7 +1032,7 @@ class ChatPage:
     def rename_session(self, session: str | None, new_name: str, request: gr.Request | None = None
                        ) -> tuple[str | None, Any, str, str]:
         """Returns the conversation, the sidebar's list, the rename box and a one-line outcome."""
-        session = self._in_tab(request, session)
+        session = conversation_on_screen(request, session)
         new_name = " ".join((new_name or "").split())
         if not session:
             return session, gr.skip(), new_name, "Ask a question first: a conversation is saved with its first turn."
@@ -934,7 +1047,7 @@ class ChatPage:
 
     def ask_delete(self, session: str | None, request: gr.Request | None = None) -> tuple[Any, str]:
         """Deleting is asked twice: the first press shows what would go and a confirm button."""
-        session = self._in_tab(request, session)
+        session = conversation_on_screen(request, session)
         if not session:
             return gr.update(visible=False), "Nothing to delete: this conversation is not saved yet."
         return gr.update(visible=True), f"Delete the conversation {escape_markdown(session)} and all its turns?"
@@ -942,7 +1055,7 @@ class ChatPage:
     def delete_session(self, session: str | None, request: gr.Request | None = None
                        ) -> tuple[Messages, str | None, str, str, Any, int, Any]:
         """Delete the open conversation and show the newest one left (or a new chat)."""
-        session = self._in_tab(request, session)
+        session = conversation_on_screen(request, session)
         if session:
             try:
                 self._run(self.brain.delete_session, session)
@@ -968,7 +1081,7 @@ class ChatPage:
         return panel if ask is None else f"<div class='brain-ask-{ask}'>{panel}</div>"
 
     def _note_panel(self, ref: str, session: str | None, request: gr.Request | None) -> str:
-        session = self._in_tab(request, session)
+        session = conversation_on_screen(request, session)
         note_id, turn, n = parse_note_ref(ref)
         if not note_id:
             return NOTE_HINT
@@ -1199,7 +1312,8 @@ def start_page(chat: ChatPage, host: str, port: int, auth: tuple[str, str] | Non
     try:
         _, url, _ = page.launch(server_name=f"[{bare}]" if ":" in bare else bare, server_port=port, auth=auth,
                                 share=False, ssr_mode=False, quiet=True, prevent_thread_lock=True,
-                                app_kwargs={"middleware": [guard]}, css=PAGE_CSS, head=PAGE_HEAD,
+                                app_kwargs={"middleware": [guard]}, css=PAGE_CSS,
+                                head=PAGE_HEAD + CONVERSATION_URL_SCRIPT,
                                 footer_links=[])
     except (OSError, ValueError) as exc:
         page.close()
@@ -1220,12 +1334,28 @@ def _check_bindable(host: str, port: int) -> None:
 
 
 def serve(brain: Brain, host: str = "127.0.0.1", port: int = 7860) -> None:
-    """Start the page and block until Ctrl+C; refuses a non-local host without a login (see ui_auth)."""
+    """Start the page and block until Ctrl+C or SIGTERM; refuses a non-local host without a login (see ui_auth)."""
     auth = ui_auth(host)
     chat = ChatPage(brain)
     try:
         page, url = start_page(chat, host, port, auth, brain.settings.serve["trusted_proxies"])
         print(f"brain: chat page on {url} (Ctrl+C stops it)", flush=True)
-        page.block_thread()
+        run_until_stopped(page)
     finally:
         chat.close()
+    # Stopped cleanly, every store closed: the interpreter's last garbage collection would walk every object Gradio,
+    # LlamaIndex and the models made (~5 s on two busy cores) to free memory the process is about to give back.
+    # Frozen, they are skipped; exit handlers still run.
+    gc.freeze()
+
+
+def run_until_stopped(page: gr.Blocks) -> None:
+    """Block until Ctrl+C or SIGTERM, then close the page at once. Gradio's block_thread only stopped the web
+    server, which then waited ~10 s for every open tab's heartbeat stream; closing the Blocks ends them."""
+    stop = StopRequested()
+    try:
+        with stop_on_signals(stop):
+            while page.is_running and not stop.wait(0.1):
+                pass
+    finally:
+        page.close(verbose=False)
