@@ -92,6 +92,19 @@ def write_files(root: Path, files: dict[str, str | bytes]) -> Path:
     return root
 
 
+@pytest.fixture(autouse=True)
+def _process_umask() -> Iterator[None]:
+    """A Brain makes its process's umask 077 (rag_app.index.private.keep_private), as the CLI process's is for its
+    life: one test's home must not make the next test's folders private (another user could not reach them)."""
+    from rag_app.index import private
+
+    umask = os.umask(0o022)
+    os.umask(umask)
+    yield
+    os.umask(umask)
+    private._user_umask.clear()
+
+
 @pytest.fixture
 def make_vault(tmp_path: Path) -> Callable[..., Path]:
     """`make_vault({"a.md": "..."}, name="notes")` writes a vault folder and returns it."""

@@ -128,9 +128,6 @@ class BrainTools:
         if not texts:
             raise ToolCallError("query is empty: give the text to search for", usage(self.search_notes))
         main, variants = texts[0], [t for t in dict.fromkeys(texts[1:]) if t != texts[0]]
-        if len(variants) >= MAX_QUERIES:
-            raise ToolCallError(f"at most {MAX_QUERIES} texts per call, `query` and `queries` together",
-                                usage(self.search_notes))
         response = self.brain.search(
             main, k,
             sources=_one(source), tags=_one(tag), since=_stripped(since), until=_stripped(until),

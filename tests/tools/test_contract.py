@@ -38,8 +38,8 @@ BAD_CALLS: list[tuple[str, dict, str]] = [
     ("search_notes", {}, "query is required: a string of at most 2000 characters"),
     ("search_notes", {"queries": ["电影"]}, "query is required"),
     ("search_notes", {"query": "  "}, "query is empty"),
-    ("search_notes", {"query": "电影", "queries": "电影"}, "queries must be a list of at most 12 strings"),
-    ("search_notes", {"query": "电影", "queries": {"a": 1}}, "queries must be a list of at most 12 strings (each at "
+    ("search_notes", {"query": "电影", "queries": "电影"}, "queries must be a list of at most 11 strings"),
+    ("search_notes", {"query": "电影", "queries": {"a": 1}}, "queries must be a list of at most 11 strings (each at "
                                                             "most 2000 characters), got an object"),
     ("search_notes", {"query": "电影", "queries": ["x"] * 13}, "got a list of 13 items"),
     ("search_notes", {"query": "电影", "queries": ["电影", 7]}, "each of queries must be a string of at most 2000 "
