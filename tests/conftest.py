@@ -94,14 +94,15 @@ def write_files(root: Path, files: dict[str, str | bytes]) -> Path:
 
 @pytest.fixture(autouse=True)
 def _process_umask() -> Iterator[None]:
-    """A Brain makes its process's umask 077 (rag_app.index.private.keep_private), as the CLI process's is for its
-    life: one test's home must not make the next test's folders private (another user could not reach them)."""
+    """Every test runs under umask 077, as a brain process does once it opens a home (private.keep_private): what a
+    test writes into a home is private as the product's own files are, whichever test ran before (a Brain set the
+    umask for the rest of the process, and a test thread may still set it after its test)."""
     from rag_app.index import private
 
-    umask = os.umask(0o022)
-    os.umask(umask)
+    previous = os.umask(private.PRIVATE_UMASK)
+    private._user_umask.clear()
     yield
-    os.umask(umask)
+    os.umask(previous)
     private._user_umask.clear()
 
 

@@ -90,12 +90,14 @@ def chunking_pipeline(max_chars: int, overlap: int, docstore: Any = None) -> Ing
                              docstore_strategy=DocstoreStrategy.UPSERTS, disable_cache=True)
 
 
-def embedding_pipeline(embed_model: Any, vector_store: Any) -> IngestionPipeline:
-    """Chunk nodes → one dense model's vectors → its Chroma collection (run once per model, the fastest first).
+def embedding_pipeline(embed_model: Any) -> IngestionPipeline:
+    """Chunk nodes → one dense model's vectors (run once per model, the fastest first, in slices a stop can end).
 
-    No docstore here: what a note's chunks lack is per model (`Manifest.notes_lacking`), which a docstore has no
-    place for; the chunking pipeline's docstore has already decided which notes are new or changed."""
-    return IngestionPipeline(transformations=[embed_model], vector_store=vector_store, disable_cache=True)
+    No vector store here: the fill writes a batch's vectors to its Chroma collection at once, when every slice of
+    the batch has them (a write per slice cost 11 s each for a note with 20,000 tags in its metadata). No docstore
+    either: what a note's chunks lack is per model (`Manifest.notes_lacking`), which a docstore has no place for;
+    the chunking pipeline's docstore has already decided which notes are new or changed."""
+    return IngestionPipeline(transformations=[embed_model], disable_cache=True)
 
 
 def embed_hash(node: BaseNode) -> str:

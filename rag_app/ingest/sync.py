@@ -449,7 +449,7 @@ class _Applier:
         total = sum(sizes.values())
         index = self._index(model)
         embed = self._encoder(model)
-        pipeline = embedding_pipeline(embed, index.vector_store())
+        pipeline = embedding_pipeline(embed)
         self.progress.start(total, model)
         queue = deque(lacking)
         try:
@@ -489,7 +489,6 @@ class _Applier:
                 except Exception as exc:
                     self._keep_partial(model, batch, nodes, getattr(exc, "partial", {}), index, added)
                     raise
-                added.update(n.id_ for n in part)
                 self.progress.advance(len(part))
                 rate = len(part) / max(time.monotonic() - part_started, 1e-3)
                 batch_chunks = max(MIN_FILL_BATCH, min(MAX_FILL_BATCH, int(rate * FILL_BATCH_SECONDS)))
@@ -498,6 +497,8 @@ class _Applier:
                     raise RuntimeError(f"{model} returned no vector for some chunks of {batch[0]}")
                 self._keep_partial(model, batch, nodes, {}, index, added)  # stopped inside a long note
                 return
+            if new := [n for n in nodes if n.id_ not in added]:
+                index.vector_store().add(new)
             done += len(nodes)
             with self.manifest.transaction():
                 self.manifest.add_model(batch, model)
@@ -523,9 +524,13 @@ class _Applier:
 
         from rag_app.ingest.pipeline import embed_hash
 
+        filled = 0
         for node in nodes:
             if node.embedding is None:
                 node.embedding = partial.get(node.get_content(metadata_mode=MetadataMode.EMBED))
+                filled += node.embedding is not None
+        if filled:
+            self.progress.advance(filled)  # the slices before reported theirs
         lacking = {n.ref_doc_id for n in nodes if n.embedding is None}
         kept = {embed_hash(n): np.asarray(n.embedding, dtype=np.float32).tobytes() for n in nodes
                 if n.ref_doc_id in lacking and n.embedding is not None}
@@ -540,7 +545,6 @@ class _Applier:
         new = [n for n in nodes if n.ref_doc_id not in lacking and n.id_ not in added]
         if new:
             index.vector_store().add(new)
-            self.progress.advance(len(new))
         with self.manifest.transaction():
             self.manifest.add_model(whole, model)
         count = sum(1 for n in nodes if n.ref_doc_id not in lacking)

