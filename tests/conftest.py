@@ -8,12 +8,15 @@ import pwd
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 
 os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
@@ -268,3 +271,29 @@ def postgres(postgres_server: str) -> str:
     name = "t" + uuid.uuid4().hex[:12]
     postgres_sql(f"{postgres_server}/postgres", f"CREATE DATABASE {name}")
     return f"{postgres_server}/{name}"
+
+
+@pytest.fixture(scope="module")
+def chroma_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real `chroma run` from this venv on a free port, waited for until its heartbeat answers."""
+    data = tmp_path_factory.mktemp("chroma-server")
+    port = free_port()
+    log = (data / "server.log").open("w")
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "chroma"), "run", "--path", str(data / "db"), "--host", "127.0.0.1",
+         "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{url}/api/v2/heartbeat", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if server.poll() is not None or time.monotonic() > deadline:
+            server.kill()
+            pytest.fail(f"chroma run did not start: {(data / 'server.log').read_text()[-500:]}")
+        time.sleep(0.2)
+    yield url
+    stop(server)
+    log.close()

@@ -5,48 +5,16 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from urllib.parse import urlparse
 
 import chromadb
-import httpx
-import pytest
 
 from bench.fault_trials import convergence_problems, run_brain, start_sync, wait_for_lock, write_notes
 from rag_app.engine import Brain
 from rag_app.index.store import collection_name
-from tests.conftest import free_port, stop
-
-
-@pytest.fixture(scope="module")
-def chroma_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real `chroma run` from this venv on a free port, waited for until its heartbeat answers."""
-    data = tmp_path_factory.mktemp("chroma-server")
-    port = free_port()
-    log = (data / "server.log").open("w")
-    server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "chroma"), "run", "--path", str(data / "db"), "--host", "127.0.0.1",
-         "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{url}/api/v2/heartbeat", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if server.poll() is not None or time.monotonic() > deadline:
-            server.kill()
-            pytest.fail(f"chroma run did not start: {(data / 'server.log').read_text()[-500:]}")
-        time.sleep(0.2)
-    yield url
-    stop(server)
-    log.close()
+from tests.conftest import free_port
 
 
 def test_writers_and_readers_in_several_processes_share_one_index_through_the_server(home, tmp_path, chroma_server):

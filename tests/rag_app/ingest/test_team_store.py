@@ -116,3 +116,22 @@ def test_a_docstore_url_of_another_database_is_refused_at_config_load(home):
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and "store.docstore_url must look like postgresql://" in lines[0]
         assert "s3cret-pw" not in done.stderr and "mysql://***@db.example/brain" in lines[0]
+
+
+def test_the_team_deployment_postgresql_and_a_chroma_server_syncs_and_says_its_stores_agree(home, tmp_path, postgres,
+                                                                                            chroma_server):
+    """Both team stores at once: the docstore in PostgreSQL, the vectors in `chroma run`; status names the docstore
+    and finds it agrees with the index, and a stopped database is a store failure (exit 2), never a source's."""
+    configure(home, postgres)
+    vault = tmp_path / "vault"
+    write_notes(vault, 4)
+    done = run_brain(home, "sync", "--vault", str(vault), "--json", store_url=chroma_server)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["sources"][0]["added"] == 4 and not (home / "chroma").exists()
+    status = json.loads(run_brain(home, "status", "--json", store_url=chroma_server).stdout)
+    assert status["docstore"] == {"name": where(postgres), "notes": 4, "agrees": True, "error": None}
+    down = postgres.rsplit(":", 1)[0].rsplit("@", 1)
+    configure(home, f"{down[0]}@127.0.0.1:{free_port()}/brain")
+    write_notes(vault, 5)
+    failed = run_brain(home, "sync", "--vault", str(vault), store_url=chroma_server)
+    assert failed.returncode == 2 and "start the database" in failed.stderr and "source remove" not in failed.stderr
