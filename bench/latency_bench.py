@@ -50,7 +50,7 @@ def main() -> None:
     report = Brain(home).sync(vaults=(str(vault),))
     status = Brain(home).status()
     print(f"index: {status['notes']} notes, {status['chunks']} chunks ({args.model}); "
-          f"sync {time.perf_counter() - started:.0f} s, {report.embedded_chunks} chunks embedded this run")
+          f"sync {time.perf_counter() - started:.0f} s, {report.chunks_written} chunks embedded this run")
     rng = random.Random(3)
     queries = [rng.choice(_ZH + _EN)[:rng.randint(4, 20)] for _ in range(args.queries)]
     queries += [f"#{t} 笔记" for t in _TAGS]

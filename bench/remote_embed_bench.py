@@ -82,7 +82,7 @@ def whole_sync(url: str, notes: int, concurrency: int, batch: int, root: Path) -
     seconds = time.perf_counter() - started
     if report.failed:
         sys.exit(f"sync failed: {report.sources[0].error}")
-    return report.embedded_chunks / seconds
+    return report.chunks_written / seconds
 
 
 def main() -> None:

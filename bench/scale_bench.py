@@ -285,7 +285,7 @@ def first_sync(home: Path, sources: list[str], fill_seconds: float | None) -> No
     if sync.returncode not in (0, 130):
         sys.exit(f"brain sync failed ({sync.returncode}): {(home.parent / 'sync.stderr').read_text()[-500:]}")
     report = json.loads((home.parent / "sync.stdout").read_text())
-    chunks, vectors = report["embedded_chunks"], sum(report["vectors"].values())
+    chunks, vectors = report["chunks_written"], sum(report["vectors"].values())
     print(f"first sync{' (stopped)' if stopped else ''}: {wall:.0f} s wall, {chunks} chunks written, {vectors} vectors "
           f"({vectors / max(wall, 1e-3):.1f}/s overall), {sum(s['added'] for s in report['sources'])} notes")
 

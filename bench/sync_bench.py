@@ -97,7 +97,7 @@ def main() -> None:
         env = {**os.environ, "CFLOW_API_TOKEN": TOKEN}
         source_args = ["--memos", url, "--vault", str(vault), "--json", "--no-progress"]
         cold_wall, cold = brain(home, "sync", *source_args, env=env)
-        chunks = cold["embedded_chunks"]
+        chunks = cold["chunks_written"]
         print(f"cold sync: {cold_wall:.1f} s wall, {chunks} chunks, {chunks / cold['seconds']:.1f} chunks/s "
               f"({sum(s['added'] for s in cold['sources'])} notes)")
         rate, sampled = raw_encode_rate(home, args.model, args.sample)
@@ -114,7 +114,7 @@ def main() -> None:
         for path in changed:
             path.write_text(path.read_text(encoding="utf-8") + "\n补充：今天又想到一点。\n", encoding="utf-8")
         wall, report = brain(home, "sync", *source_args, env=env)
-        print(f"1%-changed sync ({len(changed)} notes): {wall:.1f} s wall, {report['embedded_chunks']} chunks "
+        print(f"1%-changed sync ({len(changed)} notes): {wall:.1f} s wall, {report['chunks_written']} chunks "
               f"re-embedded, model loaded: {report['model_loaded']}")
     finally:
         server.terminate()

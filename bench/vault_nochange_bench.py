@@ -57,11 +57,11 @@ def main() -> None:
         (home / "config.toml").write_text(config, encoding="utf-8")
     wall, _, report = timed_brain(home, "sync")
     notes = sum(s["added"] + s["updated"] + s["unchanged"] for s in report["sources"])
-    print(f"first sync in this run: {wall:.1f} s wall, {report['embedded_chunks']} chunks embedded, {notes} notes")
+    print(f"first sync in this run: {wall:.1f} s wall, {report['chunks_written']} chunks embedded, {notes} notes")
     walls, cpus = [], []
     for _ in range(args.runs):
         wall, cpu, report = timed_brain(home, "sync")
-        if report["embedded_chunks"] or report["model_loaded"]:
+        if report["chunks_written"] or report["model_loaded"]:
             sys.exit(f"not a no-change sync: {report}")
         walls.append(wall)
         cpus.append(cpu)

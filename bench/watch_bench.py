@@ -94,7 +94,7 @@ def run(args: argparse.Namespace, home: Path, vault: Path, notes: list[Path]) ->
     threading.Thread(target=watcher_lines, args=(watcher, lines), daemon=True).start()
     try:
         first_at, first = lines.get(timeout=3600)
-        print(f"first sync by the watcher: {first_at - started:.1f} s ({first['embedded_chunks']} chunks, "
+        print(f"first sync by the watcher: {first_at - started:.1f} s ({first['chunks_written']} chunks, "
               f"vectors {first['vectors']})")
         brain = None if args.cli else Brain(home)
         if brain is not None:

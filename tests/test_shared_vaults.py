@@ -17,7 +17,7 @@ def test_real_vault_ingests_completely(home, vault):
     md_files = [p for p in vault.rglob("*.md") if not any(part.startswith(".") for part in p.relative_to(vault).parts)]
     report = Brain(home).sync(vaults=(str(vault),))
     source = report.sources[0]
-    print(f"\n{vault.parent.name}: {len(md_files)} .md files, {source.added} notes, {report.embedded_chunks} chunks, "
+    print(f"\n{vault.parent.name}: {len(md_files)} .md files, {source.added} notes, {report.chunks_written} chunks, "
           f"{source.skipped} skipped, {len(source.warnings)} warnings, {report.seconds:.0f} s")
     for warning in source.warnings[:20]:
         print("  -", warning)
@@ -26,4 +26,4 @@ def test_real_vault_ingests_completely(home, vault):
     status = Brain(home).status()
     assert status["notes"] == source.added
     again = Brain(home).sync(vaults=(str(vault),))
-    assert again.embedded_chunks == 0 and again.sources[0].unchanged == source.added
+    assert again.chunks_written == 0 and again.sources[0].unchanged == source.added

@@ -1,4 +1,6 @@
-"""The ingestion docstore: every indexed note as a LlamaIndex Document with its hash, in a real database.
+"""The ingestion docstore: the hash of every indexed note, by which the IngestionPipeline decides what changed.
+
+It keeps no note text (`store_doc_text=False`): the manifest owns each text, once (docs/architecture.md).
 
 The embedded default is LlamaIndex's `KVDocumentStore` over `SQLiteKVStore`, one SQLite file in the home
 (`docstore.sqlite`); a team deployment sets `[store] docstore_url = "postgresql://..."` and gets LlamaIndex's
@@ -99,6 +101,11 @@ class SQLiteKVStore(BaseKVStore):
 
     async def adelete(self, key: str, collection: str = DEFAULT_COLLECTION) -> bool:
         return self.delete(key, collection=collection)
+
+    def clear(self, collection: str) -> int:
+        """Delete a whole collection in one statement; returns how many rows went."""
+        with self._lock:
+            return self._db.execute("DELETE FROM kv WHERE collection = ?", (collection,)).rowcount
 
 
 class GuardedKVStore(BaseKVStore):
@@ -203,6 +210,19 @@ def connection_strings(url: str) -> tuple[str, str]:
 def document_hashes(docstore: Any, note_ids: list[str]) -> dict[str, str]:
     """The stored hash of each of these notes the docstore holds (key lookups, never the whole store)."""
     return {note_id: digest for note_id in note_ids if (digest := docstore.get_document_hash(note_id))}
+
+
+def drop_stored_texts(docstore: Any) -> int:
+    """Remove the note texts a docstore of an earlier version kept beside the hashes (its data collection): the
+    manifest owns each note's text, the docstore only what it decides by. Returns how many texts went."""
+    collection = docstore._node_collection
+    kvstore = _inner_kvstore(docstore)
+    if isinstance(kvstore, SQLiteKVStore):
+        return kvstore.clear(collection)
+    keys = list(docstore._kvstore.get_all(collection=collection))
+    for key in keys:
+        docstore._kvstore.delete(key, collection=collection)
+    return len(keys)
 
 
 def forget_documents(docstore: Any, note_ids: list[str]) -> None:

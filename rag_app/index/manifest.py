@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,7 @@ CREATE TABLE IF NOT EXISTS note_docs (
     metadata TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS pending_notes (note_id TEXT PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS topic_vectors (text TEXT PRIMARY KEY, vector BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS note_topics (note_id TEXT NOT NULL, text TEXT NOT NULL, PRIMARY KEY (note_id, text));
 """
@@ -121,66 +122,6 @@ class ManifestEntry:
 def split_models(joined: str) -> set[str]:
     """The one place the "+"-joined model column is read."""
     return {m for m in joined.split("+") if m}
-
-
-@dataclass
-class Plan:
-    """What a sync of one source will chunk again, delete or leave. Vectors are not planned here: every sync fills
-    in the vectors any note lacks (`Manifest.notes_lacking`). `rechunk` counts changed notes whose only change is the
-    chunker."""
-
-    added: list[NoteRecord] = field(default_factory=list)
-    changed: list[NoteRecord] = field(default_factory=list)
-    deleted: list[str] = field(default_factory=list)
-    unchanged: int = 0
-    rechunk: int = 0
-
-    @property
-    def to_embed(self) -> list[NoteRecord]:
-        return self.added + self.changed
-
-    @property
-    def is_noop(self) -> bool:
-        return not (self.added or self.changed or self.deleted)
-
-
-def make_plan(
-    entries: dict[str, ManifestEntry], records: list[NoteRecord], kept_ids: set[str], chunker: str,
-    unchanged_ids: set[str] | frozenset[str] = frozenset(),
-    stored_hashes: Mapping[str, str] | None = None,
-) -> Plan:
-    """Compare a complete listing of one source against the manifest rows of that source.
-
-    `unchanged_ids` are notes the reader verified unchanged without a record (from `Manifest.trusted_signatures`, so
-    with this chunker): with no record to chunk, any other state is a caller's error.
-    `stored_hashes`: the ingestion docstore's hash per listed note. When given, a record is unchanged only if the
-    docstore holds it with its hash, besides the manifest having committed that version's chunks (the docstore is
-    written first, so after a crash between the two the note is chunked again).
-    """
-    plan = Plan()
-    seen: set[str] = set(unchanged_ids)
-    for note_id in unchanged_ids:
-        entry = entries.get(note_id)
-        if entry is None or entry.chunker != chunker:
-            raise ValueError(f"{note_id} was listed as unchanged but its index entry is not current")
-    plan.unchanged += len(unchanged_ids)
-    for record in records:
-        if record.id in seen:
-            continue
-        seen.add(record.id)
-        entry = entries.get(record.id)
-        if entry is None:
-            plan.added.append(record)
-        elif entry.hash != record.content_hash or (
-                stored_hashes is not None and stored_hashes.get(record.id) != record.content_hash):
-            plan.changed.append(record)
-        elif entry.chunker != chunker:
-            plan.changed.append(record)
-            plan.rechunk += 1
-        else:
-            plan.unchanged += 1
-    plan.deleted = sorted(set(entries) - seen - kept_ids)
-    return plan
 
 
 class Manifest:
@@ -313,6 +254,20 @@ class Manifest:
         if renames:
             self.bump_generation()
 
+    def mark_pending(self, note_ids: list[str]) -> None:
+        """Journal notes about to go through the ingestion pipeline: its docstore is written before their chunks are
+        committed here, so a crash in between would leave the docstore holding a version the index lacks."""
+        with self.transaction():
+            self.db.executemany("INSERT OR IGNORE INTO pending_notes VALUES (?)", [(i,) for i in note_ids])
+
+    def pending_notes(self) -> list[str]:
+        """Notes a sync journaled and never committed (it died between the docstore and the index)."""
+        return [row[0] for row in self.db.execute("SELECT note_id FROM pending_notes ORDER BY note_id")]
+
+    def clear_pending(self, note_ids: list[str]) -> None:
+        for batch, marks in _in_batches(note_ids):
+            self.db.execute(f"DELETE FROM pending_notes WHERE note_id IN ({marks})", batch)
+
     def delete_notes(self, note_ids: list[str]) -> None:
         if note_ids:
             self.bump_generation()
@@ -320,6 +275,7 @@ class Manifest:
             self.db.execute(f"DELETE FROM notes WHERE note_id IN ({marks})", batch)
             self.db.execute(f"DELETE FROM note_docs WHERE note_id IN ({marks})", batch)
             self.db.execute(f"DELETE FROM chunks WHERE note_id IN ({marks})", batch)
+            self.db.execute(f"DELETE FROM pending_notes WHERE note_id IN ({marks})", batch)
 
     def put_chunks(self, rows: list[tuple[str, str, str, str, dict[str, Any], list[str], str]]) -> None:
         """Rows of (chunk_id, note_id, source, text, metadata, keyword tokens, hash of the text a model embeds); old

@@ -12,7 +12,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlparse
 
@@ -141,9 +141,17 @@ class VectorIndex:
         )
         exact_enough(self.collection)
 
-    def vector_store(self) -> Any:
-        """LlamaIndex's store over this collection, writing in batches Chroma accepts (`max_batch_size`)."""
-        return _batched_store_class()(chroma_collection=self.collection, max_batch=self.client.get_max_batch_size())
+    def add(self, nodes: Sequence[Any]) -> int:
+        """Write chunk vectors: the id, the vector and the note it belongs to, nothing else. A chunk's text and
+        metadata have one owner, the manifest (search reads ids and distances here, never documents); a document
+        here would be a second copy of every chunk, with Chroma's full-text index over it. Written in batches Chroma
+        accepts (`max_batch_size`, 5,461 for the embedded store). Returns how many were written."""
+        step = self.client.get_max_batch_size()
+        for start in range(0, len(nodes), step):
+            part = nodes[start : start + step]
+            self.collection.upsert(ids=[n.id_ for n in part], embeddings=[list(n.embedding) for n in part],
+                                   metadatas=[{"document_id": n.ref_doc_id} for n in part])
+        return len(nodes)
 
     def forget(self, note_ids: list[str]) -> None:
         """Remove every chunk of these notes (by their document id, so orphans of a crashed run go too)."""
@@ -170,28 +178,6 @@ class VectorIndex:
         return collection_ids(self.collection)
 
 
-_BATCHED: list[type] = []
-
-
-def _batched_store_class() -> type:
-    """ChromaVectorStore adds up to 41,665 nodes in one call; Chroma refuses more than its `max_batch_size` (5,461
-    embedded), so a note of 7,000 chunks failed every sync. Built on first use: LlamaIndex loads only when needed."""
-    if not _BATCHED:
-        from llama_index.vector_stores.chroma import ChromaVectorStore
-
-        class BatchedChromaVectorStore(ChromaVectorStore):
-            max_batch: int = 5000
-
-            def add(self, nodes: list[Any], **add_kwargs: Any) -> list[str]:
-                ids: list[str] = []
-                for start in range(0, len(nodes), self.max_batch):
-                    ids += super().add(nodes[start : start + self.max_batch], **add_kwargs)
-                return ids
-
-        _BATCHED.append(BatchedChromaVectorStore)
-    return _BATCHED[0]
-
-
 def collection_ids(collection: Any) -> set[str]:
     """Every id in a collection, read in pages (one `get` of a large collection is slow and memory-hungry)."""
     out: set[str] = set()
@@ -205,7 +191,8 @@ def collection_ids(collection: Any) -> set[str]:
 
 
 def rename_chunks(collection: Any, renames: dict[str, str], remap: Callable[[dict[str, Any]], dict[str, Any]]) -> int:
-    """Move chunks to new ids with their vectors, documents and remapped metadata: no re-embedding.
+    """Move chunks to new ids with their vectors and remapped metadata (documents too, in an older home's rows): no
+    re-embedding.
 
     Upsert under the new id, then delete the old: repeating it after a crash finds the old ids gone and moves nothing.
     """
@@ -216,7 +203,8 @@ def rename_chunks(collection: Any, renames: dict[str, str], remap: Callable[[dic
         if not got["ids"]:
             continue
         collection.upsert(ids=[renames[i] for i in got["ids"]], embeddings=got["embeddings"],
-                          metadatas=[remap(dict(m or {})) for m in got["metadatas"]], documents=got["documents"])
+                          metadatas=[remap(dict(m or {})) for m in got["metadatas"]],
+                          documents=got["documents"] if any(got["documents"]) else None)  # rows of older homes
         collection.delete(ids=got["ids"])
         moved += len(got["ids"])
     return moved

@@ -204,7 +204,7 @@ def repair_index(settings: Settings, manifest: Manifest, client: Any, findings: 
             continue
         text, metadata = stored
         records.setdefault(entries[note_id].source, []).append(NoteRecord(id=note_id, text=text, metadata=metadata))
-    embedded = reembed_stored(settings, manifest, records).embedded_chunks if records else 0
+    embedded = reembed_stored(settings, manifest, records).chunks_written if records else 0
     filled = fill_vectors(settings, manifest) if findings.problems["incomplete_channels"] else None
     with manifest.transaction():
         manifest.delete_notes(needs_sync)
@@ -220,7 +220,7 @@ def repair_index(settings: Settings, manifest: Manifest, client: Any, findings: 
     refresh_keyword_index(settings, manifest, force=True)
     done = {
         "reembedded_notes": sum(len(batch) for batch in records.values()),
-        "embedded_chunks": embedded,
+        "chunks_written": embedded,
         "deleted_vectors": len(after.problems["orphan_vectors"]),
         "deleted_chunk_rows": len(after.problems["orphan_chunks"]),
         "bm25_rebuilt": True,
@@ -256,10 +256,11 @@ def _rebuild(client: Any, old: Any) -> int:
     exact_enough(fresh)
     offset = 0
     while True:
-        got = old.get(include=["embeddings", "metadatas", "documents"], limit=COPY_BATCH, offset=offset)
+        got = old.get(include=["embeddings", "metadatas"], limit=COPY_BATCH, offset=offset)
         if not got["ids"]:
             break
-        fresh.add(ids=got["ids"], embeddings=got["embeddings"], metadatas=got["metadatas"], documents=got["documents"])
+        fresh.add(ids=got["ids"], embeddings=got["embeddings"],  # an older home's rows shed their copy of the text
+                  metadatas=[{"document_id": (m or {}).get("document_id", "")} for m in got["metadatas"]])
         offset += len(got["ids"])
     if fresh.count() != old.count():
         client.delete_collection(fresh.name)

@@ -27,10 +27,11 @@ from urllib.parse import urlsplit
 from rag_app.config import FAST_EMBEDDING, ConfigError, Settings, SourceSpec
 from rag_app.index.keyword import TOKENIZER_VERSION, chunk_index_text, tokenize
 from rag_app.index.keyword_store import keyword_progress, refresh_keyword_index
-from rag_app.index.manifest import Manifest, ManifestEntry, Plan, make_plan
+from rag_app.index.manifest import Manifest, ManifestEntry
 from rag_app.index.store import StoreError
 from rag_app.index.topics import TOPIC_MODEL, fill_topics
 from rag_app.ingest.chunking import chunker_id
+from rag_app.ingest.plan import Plan, make_plan
 from readers.listing import MemosLister, SourceLister, VaultLister
 from readers.records import NoteRecord, SourceListing, decode_list, encode_list
 
@@ -84,10 +85,10 @@ class SourceReport:
 
 @dataclass
 class SyncReport:
-    """`embedded_chunks`: chunks (re)written, searchable by BM25 at once; `vectors`: chunk vectors added per model."""
+    """`chunks_written`: chunks (re)written, searchable by BM25 at once; `vectors`: chunk vectors added per model."""
 
     sources: list[SourceReport] = field(default_factory=list)
-    embedded_chunks: int = 0
+    chunks_written: int = 0
     deleted_chunks: int = 0
     vectors: dict[str, int] = field(default_factory=dict)
     reused_vectors: int = 0  # of those, copied from identical text elsewhere in the home instead of embedded
@@ -268,6 +269,7 @@ class _Applier:
         self._docstore: Any = None
         self._indexes: dict[str, Any] = {}
         self.written: set[str] = set()  # notes whose chunks this applier committed
+        self.kept: set[str] = set()  # offered notes the docstore held unchanged: nothing written
         self.deleted: set[str] = set()  # notes it removed from the manifest
 
     @property
@@ -288,6 +290,7 @@ class _Applier:
             docstore = open_docstore(self.settings)
             try:
                 _seed_docstore(self.manifest, docstore, docstore_name(self.settings), is_new_docstore(docstore))
+                _forget_pending(self.manifest, docstore)
             except BaseException:
                 from rag_app.index.docstore import close_docstore
 
@@ -339,15 +342,18 @@ class _Applier:
 
     def apply(self, source: str, plan: Plan, documents: Callable[[], Iterable[Any]]) -> list[str]:
         """Write the plan; returns warnings about notes (see `write_chunks`). `documents`: the listing's Documents,
-        from the source's reader, asked for only when the plan has notes to chunk."""
-        warnings = self.write_chunks(source, plan.to_embed, documents()) if plan.to_embed else []
+        from the source's reader, asked for only when the plan offers notes."""
+        warnings = self.write_chunks(source, plan.offered, documents(), plan.forced) if plan.offered else []
         if plan.deleted:
             self.delete(plan.deleted)
         return warnings
 
-    def write_chunks(self, source: str, records: list[NoteRecord], documents: Iterable[Any] | None = None) -> list[str]:
-        """Chunk notes through an IngestionPipeline (chunker only) and commit chunk rows and tokens per batch. A note
-        keeps its first `MAX_NOTE_CHUNKS` chunks, with a warning (returned).
+    def write_chunks(self, source: str, records: list[NoteRecord], documents: Iterable[Any] | None = None,
+                     forced: set[str] | frozenset[str] = frozenset()) -> list[str]:
+        """Offer notes to the chunking IngestionPipeline, whose docstore decides: a note it holds under the same hash
+        is skipped (`self.kept`), a new or changed one is chunked and its rows and tokens committed per batch
+        (`self.written`). `forced` notes are chunked whatever the docstore holds (the index has no current chunks of
+        them). A note keeps its first `MAX_NOTE_CHUNKS` chunks, with a warning (returned).
 
         `documents`: the records' Documents as the source's reader yields them (`ListingReader.lazy_load_data`; any
         others are passed over); None makes them from the records (`brain doctor` rebuilding from stored texts)."""
@@ -364,25 +370,23 @@ class _Applier:
         wanted = {r.id: r for r in records}
         planned = _planned(documents if documents is not None else (r.to_document() for r in records), wanted)
         while not self.stop and (documents_batch := list(islice(planned, WRITE_BATCH_NOTES))):
-            batch = [wanted.pop(d.id_) for d in documents_batch]
-            ids = [r.id for r in batch]
+            batch = {d.id_: wanted.pop(d.id_) for d in documents_batch}
+            self.manifest.mark_pending(list(batch))
+            forget_documents(self.docstore, [i for i in batch if i in forced])
+            nodes = self._chunker.run(documents=documents_batch, store_doc_text=False)
+            by_note: dict[str, list[Any]] = {}
+            for node in nodes:
+                by_note.setdefault(node.ref_doc_id, []).append(node)
+            chunked = [record for note_id, record in batch.items() if note_id in by_note]
+            ids = [record.id for record in chunked]
             old = self.manifest.entries_for(ids)
             stale = {m for e in old.values() for m in e.models}
             if stale:
-                self._forget([i for i in ids if i in old], stale)
-            stored = self.stored_hashes(ids)
-            # Planned for chunking though the docstore holds this very version: the chunker changed, a rebuild was
-            # asked for, or a sync died between the docstore's write and the manifest's commit. Forgotten, so the
-            # docstore lets them through.
-            forget_documents(self.docstore, [r.id for r in batch if stored.get(r.id) == r.content_hash])
-            nodes = self._chunker.run(documents=documents_batch)
-            by_note: dict[str, list[Any]] = {note_id: [] for note_id in ids}
-            for node in nodes:
-                by_note[node.ref_doc_id].append(node)
+                self._forget(list(old), stale)
             rows = []
             with self.manifest.transaction():
                 self.manifest.delete_chunks_of(ids)
-                for record in batch:
+                for record in chunked:
                     chunk_nodes = by_note[record.id]
                     if len(chunk_nodes) > MAX_NOTE_CHUNKS:
                         warnings.append(f"{record.id}: too long to index whole: the first {MAX_NOTE_CHUNKS} of "
@@ -394,8 +398,10 @@ class _Applier:
                     self.manifest.put_note(record, source, "", self.chunker_id, [n.id_ for n in chunk_nodes],
                                            content_hash=kept)
                 self.manifest.put_chunks(rows)
+                self.manifest.clear_pending(list(batch))
             self.written.update(ids)
-            self.report.embedded_chunks += len(rows)
+            self.kept.update(set(batch) - set(ids))
+            self.report.chunks_written += len(rows)
             self.report.deleted_chunks += sum(len(e.chunk_ids) for e in old.values())
             self.progress.advance(len(batch))
         self.progress.close()
@@ -498,7 +504,7 @@ class _Applier:
                 self._keep_partial(model, batch, nodes, {}, index, added)  # stopped inside a long note
                 return
             if new := [n for n in nodes if n.id_ not in added]:
-                index.vector_store().add(new)
+                index.add(new)
             done += len(nodes)
             with self.manifest.transaction():
                 self.manifest.add_model(batch, model)
@@ -509,7 +515,7 @@ class _Applier:
         """Write the vectors `_reuse_vectors` found; the ids of the nodes now in the store."""
         reused = self._reuse_vectors(nodes, model, index)
         if reused:
-            index.vector_store().add(reused)
+            index.add(reused)
             self.report.reused_vectors += len(reused)
             self.progress.advance(len(reused))
         return {n.id_ for n in reused}
@@ -544,7 +550,7 @@ class _Applier:
             return
         new = [n for n in nodes if n.ref_doc_id not in lacking and n.id_ not in added]
         if new:
-            index.vector_store().add(new)
+            index.add(new)
         with self.manifest.transaction():
             self.manifest.add_model(whole, model)
         count = sum(1 for n in nodes if n.ref_doc_id not in lacking)
@@ -591,6 +597,7 @@ class _Applier:
 
 
 DOCSTORE_SEEDED = "docstore_seeded"
+DOCSTORE_LEAN = "docstore_lean"  # the docstore holds hashes only: no note texts of an earlier version
 
 
 def _planned(documents: Iterable[Any], wanted: Mapping[str, NoteRecord]) -> Iterator[Any]:
@@ -602,32 +609,43 @@ def _planned(documents: Iterable[Any], wanted: Mapping[str, NoteRecord]) -> Iter
             yield document
 
 
+def _forget_pending(manifest: Manifest, docstore: Any) -> None:
+    """A sync that died between the docstore's write and the index's commit left those notes journaled: the docstore
+    forgets them, so it lets them through when they are offered again (their sources list them: nothing was recorded
+    as done), and the index converges."""
+    pending = manifest.pending_notes()
+    if pending:
+        from rag_app.index.docstore import forget_documents
+
+        forget_documents(docstore, pending)
+        with manifest.transaction():
+            manifest.clear_pending(pending)
+        log.info("%d notes of an interrupted sync are offered to the docstore again", len(pending))
+
+
 def _seed_docstore(manifest: Manifest, docstore: Any, name: str, new_file: bool) -> int:
     """Once per docstore a home writes to (its file, or each PostgreSQL database it is pointed at; again when the
-    file was deleted or emptied): notes indexed before go into it from their kept text, under the hash they were
-    indexed with, so nothing is chunked or embedded again for it. Repeating it after a crash rewrites the same
-    Documents. Returns how many it copied."""
+    file was deleted or emptied): notes indexed before get their hash in it, the hash they were indexed with, so
+    nothing is chunked or embedded again for them; a docstore of an earlier version sheds the note texts it kept
+    (the manifest owns them). Repeating it after a crash writes the same hashes. Returns how many it copied."""
     mark = DOCSTORE_SEEDED if name == "home" else f"{DOCSTORE_SEEDED}:{name}"
-    if manifest.get_meta(mark) == "1" and not new_file:
-        return 0
-    from readers.note_document import NoteDocument
-
-    entries = manifest.entries()
-    missing = [note_id for note_id in entries if not docstore.document_exists(note_id)]
+    lean = f"{DOCSTORE_LEAN}:{name}"
     copied = 0
-    for start in range(0, len(missing), WRITE_BATCH_NOTES):
-        documents, hashes = [], {}
-        for note_id in missing[start : start + WRITE_BATCH_NOTES]:
-            kept = manifest.note_doc(note_id)
-            if kept is None:  # no text kept: the next listing chunks it again, as before
-                continue
-            text, metadata = kept
-            documents.append(NoteDocument(id_=note_id, text=text, metadata=metadata))
-            hashes[note_id] = entries[note_id].hash
-        docstore.add_documents(documents)
-        docstore.set_document_hashes(hashes)
-        copied += len(documents)
-    manifest.set_meta(mark, "1")
+    if manifest.get_meta(mark) != "1" or new_file:
+        entries = manifest.entries()
+        missing = [note_id for note_id in entries if docstore.get_document_hash(note_id) is None]
+        for start in range(0, len(missing), WRITE_BATCH_NOTES):
+            docstore.set_document_hashes({note_id: entries[note_id].hash
+                                          for note_id in missing[start : start + WRITE_BATCH_NOTES]})
+        copied = len(missing)
+        manifest.set_meta(mark, "1")
+    if manifest.get_meta(lean) != "1":
+        from rag_app.index.docstore import drop_stored_texts
+
+        dropped = drop_stored_texts(docstore)
+        if dropped:
+            log.info("the docstore %s gave up %d note texts the manifest holds", name, dropped)
+        manifest.set_meta(lean, "1")
     return copied
 
 
@@ -766,7 +784,7 @@ def reembed_stored(
     applier = _Applier(settings, manifest, report, progress or NoProgress(), StopRequested(), keep_hashes=True)
     try:
         for source, batch in records.items():
-            applier.write_chunks(source, batch)
+            applier.write_chunks(source, batch, forced={r.id for r in batch})
         applier.fill()
         applier.finish()
     finally:
@@ -880,39 +898,33 @@ def _sync_one(spec: SourceSpec, manifest: Manifest, applier: _Applier, allow_del
     try:
         token, token_warning = memos_token(spec, manifest) if spec.kind == "memos" else (None, None)
         entries = manifest.entries(spec.name)
-        known = _known(spec, manifest, entries, applier.chunker_id)
+    except Exception as exc:
+        return _source_failed(spec, manifest, result, exc, first_time)
+    try:
+        known = _known(spec, manifest, entries, applier)
+    except StoreError as exc:  # the docstore cannot be read (a database down, a damaged file): nothing changed
+        return _store_failed(spec.name, manifest, result, exc)
+    try:
         signatures = manifest.trusted_signatures(spec.name, applier.chunker_id) if spec.kind == "memos" else None
         lister = source_lister(spec, token, known=known, signatures=signatures)
         listing = lister.list()
-    except Exception as exc:  # any failure of the source: keep everything it had
-        result.failed = True
-        result.error = _one_line(exc, spec.token_env)
-        log.warning("source %s failed, nothing changed: %s", spec.name, result.error)
-        if first_time:  # a typo or an unreachable server is not remembered: a plain `brain sync` won't retry it
-            manifest.delete_source(spec.name)
-            result.remembered = False
-        else:
-            manifest.record_result(spec.name, asdict(result), succeeded=False)
-        return result
+    except Exception as exc:
+        return _source_failed(spec, manifest, result, exc, first_time)
     if token and not spec.token_env and manifest.get_meta(TOKEN_ORIGIN) is None:
         manifest.set_meta(TOKEN_ORIGIN, url_origin(spec.url))
     result.warnings = ([token_warning] if token_warning else []) + listing.warnings
     result.skipped = listing.skipped
     for warning in listing.warnings:
         log.warning("%s: %s", spec.name, warning)
-    try:
-        stored = applier.stored_hashes([r.id for r in listing.records if r.id in entries])
-    except StoreError as exc:  # the docstore cannot be read (a database down, a damaged file): nothing changed
-        return _store_failed(spec.name, manifest, result, exc)
     plan = make_plan(entries, listing.records, listing.kept_ids, applier.chunker_id,
-                     unchanged_ids=listing.unchanged_ids, stored_hashes=stored)
+                     unchanged_ids=listing.unchanged_ids)
     held = None if allow_deletes else _mass_delete(spec.name, len(entries), plan)
     if held:
         result.failed, result.error, result.deletes_held = True, held, len(plan.deleted)
         log.warning("source %s: %s", spec.name, held)
         manifest.record_result(spec.name, asdict(result), succeeded=False)
         return result
-    _backfill_docs(manifest, spec.name, listing.records, plan)
+    _backfill_docs(manifest, spec.name, listing.records)
     result.unchanged = plan.unchanged
     try:
         for warning in applier.apply(spec.name, plan, lambda: lister.reader().lazy_load_data(listing=listing)):
@@ -935,10 +947,27 @@ def _sync_one(spec: SourceSpec, manifest: Manifest, applier: _Applier, allow_del
     return result
 
 
+def _source_failed(spec: SourceSpec, manifest: Manifest, result: SourceReport, exc: Exception,
+                   first_time: bool) -> SourceReport:
+    """Any failure of the source itself (its listing, its token): everything it had is kept."""
+    result.failed = True
+    result.error = _one_line(exc, spec.token_env)
+    log.warning("source %s failed, nothing changed: %s", spec.name, result.error)
+    if first_time:  # a typo or an unreachable server is not remembered: a plain `brain sync` won't retry it
+        manifest.delete_source(spec.name)
+        result.remembered = False
+    else:
+        manifest.record_result(spec.name, asdict(result), succeeded=False)
+    return result
+
+
 def _count_done(result: SourceReport, plan: Plan, applier: _Applier) -> None:
-    """What this source's sync really committed (a failure or a stop part-way leaves the rest for the next sync)."""
-    result.added = sum(1 for r in plan.added if r.id in applier.written)
-    result.updated = sum(1 for r in plan.changed if r.id in applier.written)
+    """What this source's sync really committed (a failure or a stop part-way leaves the rest for the next sync): the
+    docstore's decisions, new notes added, others updated, and offered notes it held unchanged."""
+    offered = [r.id for r in plan.offered]
+    result.added = sum(1 for note_id in offered if note_id in applier.written and note_id in plan.new)
+    result.updated = sum(1 for note_id in offered if note_id in applier.written and note_id not in plan.new)
+    result.unchanged = plan.unchanged + sum(1 for note_id in offered if note_id in applier.kept)
     result.deleted = sum(1 for note_id in plan.deleted if note_id in applier.deleted)
 
 
@@ -966,17 +995,19 @@ def _mass_delete(name: str, indexed: int, plan: Plan) -> str | None:
             f"brain sync --allow-deletes {name} (or brain source remove {name})")
 
 
-def _known(spec: SourceSpec, manifest: Manifest, entries: Mapping[str, ManifestEntry], chunker: str) -> dict[str, str]:
-    """What the index holds of this source for its reader: note id → vault file signature or memo content hash.
+def _known(spec: SourceSpec, manifest: Manifest, entries: Mapping[str, ManifestEntry],
+           applier: _Applier) -> dict[str, str]:
+    """What the index holds of this source for its reader: note id → vault file signature, or the hash the docstore
+    holds of a memo (a memo read again with that hash is unchanged: the docstore's say, read by key).
 
     A note is trusted (its fingerprint given) only when its entry is current: chunked with this chunker, its text kept
     (see `Manifest.trusted_signatures`). Any other note maps to "", so the reader reads and lists it again."""
     if spec.kind == "vault":
-        trusted = manifest.trusted_signatures(spec.name, chunker)
+        trusted = manifest.trusted_signatures(spec.name, applier.chunker_id)
     else:
         without_docs = manifest.notes_without_docs(spec.name)
-        trusted = {note_id: entry.hash for note_id, entry in entries.items()
-                   if entry.chunker == chunker and note_id not in without_docs}
+        trusted = applier.stored_hashes([note_id for note_id, entry in entries.items()
+                                         if entry.chunker == applier.chunker_id and note_id not in without_docs])
     return {note_id: trusted.get(note_id, "") for note_id in entries}
 
 
@@ -993,9 +1024,10 @@ def _remember_signatures(spec: SourceSpec, manifest: Manifest, listing: SourceLi
         manifest.put_signatures(spec.name, parsed, listing.unchanged_ids | listing.kept_ids)
 
 
-def _backfill_docs(manifest: Manifest, source: str, records: list[NoteRecord], plan: Plan) -> None:
-    """Indexes made before note texts were kept get them from this listing, without re-embedding."""
-    missing = manifest.notes_without_docs(source) - {r.id for r in plan.to_embed}
+def _backfill_docs(manifest: Manifest, source: str, records: list[NoteRecord]) -> None:
+    """Indexes made before note texts were kept get them from this listing, without re-embedding (whatever the
+    docstore decides about the note)."""
+    missing = manifest.notes_without_docs(source)
     if missing:
         with manifest.transaction():
             for record in records:

@@ -210,7 +210,7 @@ def _sync(brain: Brain, vaults: tuple[str, ...], memos: tuple[str, ...], names: 
         _print_json(report.to_dict() | store_failure)
     else:
         vectors = ", ".join(f"{model} {count}" for model, count in report.vectors.items()) or "none new"
-        click.echo(f"chunked {report.embedded_chunks} chunks (searchable by keyword), vectors: {vectors}; "
+        click.echo(f"chunked {report.chunks_written} chunks (searchable by keyword), vectors: {vectors}; "
                    f"removed {report.deleted_chunks} chunks; {report.seconds:.1f} s")
     if report.interrupted:
         click.echo("brain: stopped; what was done is saved and searchable, `brain sync` continues from there",
@@ -726,7 +726,7 @@ def _print_doctor(result: dict[str, Any]) -> None:
             aside = f"; the damaged file is kept as {_plain(rebuilt['set_aside'][0])}" if rebuilt["set_aside"] else ""
             click.echo(f"repaired the docstore: {rebuilt['copied_notes']} notes copied in from the index{aside}")
     if "reembedded_notes" in done:
-        click.echo(f"repaired: re-embedded {done['reembedded_notes']} notes ({done['embedded_chunks']} chunks), "
+        click.echo(f"repaired: re-embedded {done['reembedded_notes']} notes ({done['chunks_written']} chunks), "
                    f"deleted {done['deleted_vectors']} orphan vectors and {done['deleted_chunk_rows']} chunk rows, "
                    "rebuilt BM25")
         if done["needs_sync"]:

@@ -1166,7 +1166,7 @@ class ChatPage:
         except (ConfigError, SyncBusyError) as exc:
             lines.append(f"⚠️ {exc}")
         else:
-            lines.insert(0, f"Synced in {report.seconds:.1f} s: {report.embedded_chunks} chunks embedded, "
+            lines.insert(0, f"Synced in {report.seconds:.1f} s: {report.chunks_written} chunks embedded, "
                             f"{report.deleted_chunks} removed.")
         return "\n".join(lines), self.status(), gr.update(choices=self.source_choices())
 

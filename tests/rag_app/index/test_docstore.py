@@ -128,7 +128,7 @@ def test_a_home_pointed_at_postgresql_copies_its_notes_there_once(postgres: str,
                                       encoding="utf-8")
     (vault / "b.md").write_text("# b\n\nnote b about compost, edited", encoding="utf-8")
     report = Brain(home).sync(vaults=(str(vault),))
-    assert not report.failed and report.vectors == {"use-m3": report.embedded_chunks}
+    assert not report.failed and report.vectors == {"use-m3": report.chunks_written}
     manifest = Manifest(home / "index.sqlite")
     indexed = {note_id: entry.hash for note_id, entry in manifest.entries().items()}
     manifest.close()

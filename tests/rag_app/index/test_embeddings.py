@@ -102,10 +102,10 @@ def test_remote_model_syncs_and_searches_through_the_cli(server, tmp_path):
     synced = run_brain(home, "sync", "--vault", str(vault), "--json", env=env)
     assert synced.returncode == 0, synced.stderr
     report = json.loads(synced.stdout)
-    assert report["sources"][0]["added"] == 20 and report["embedded_chunks"] > 20
+    assert report["sources"][0]["added"] == 20 and report["chunks_written"] > 20
     assert set(server.auth_headers()) == {f"Bearer {KEY}"}
     sizes = server.input_sizes()
-    assert sum(sizes) == report["embedded_chunks"] and max(sizes) == 16  # batched, 16 texts a request by default
+    assert sum(sizes) == report["chunks_written"] and max(sizes) == 16  # batched, 16 texts a request by default
 
     note_id, title = list(titles.items())[7]
     found = run_brain(home, "search", title, "--mode", "vector", "--json", "-k", "3", env=env)

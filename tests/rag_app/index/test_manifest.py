@@ -1,10 +1,10 @@
-"""The planner: a complete listing of one source against what the manifest holds decides what to chunk or delete."""
+"""The manifest: what the index holds of each note (chunks, models, signatures), its journal and its sources."""
 
 from __future__ import annotations
 
 import pytest
 
-from rag_app.index.manifest import Manifest, ManifestEntry, make_plan, split_models
+from rag_app.index.manifest import Manifest, ManifestEntry, split_models
 from readers.records import NoteRecord
 
 CHUNKER = "md-v3:600:100"
@@ -15,42 +15,6 @@ def entry(record: NoteRecord, chunker: str = CHUNKER, model: str = "e5-small+use
 
 
 A, B, C = (NoteRecord(f"vault:notes/{n}.md", f"text of {n}", {"title": n}) for n in "abc")
-
-
-def test_new_changed_unchanged_and_missing_notes():
-    edited = NoteRecord(B.id, "new text", {"title": "b"})
-    plan = make_plan({B.id: entry(B), C.id: entry(C)}, [A, edited], set(), CHUNKER)
-    assert ([r.id for r in plan.added], [r.id for r in plan.changed], plan.deleted, plan.unchanged) == (
-        [A.id], [B.id], [C.id], 0)
-
-
-def test_a_note_that_exists_but_could_not_be_read_is_kept_not_deleted():
-    plan = make_plan({A.id: entry(A), C.id: entry(C)}, [A], {C.id}, CHUNKER)
-    assert plan.deleted == [] and plan.unchanged == 1 and plan.is_noop
-
-
-def test_metadata_is_content_volatile_fields_are_not():
-    retitled = NoteRecord(A.id, A.text, {"title": "renamed"})
-    touched = NoteRecord(A.id, A.text, dict(A.metadata), volatile={"mtime": 123.0})
-    assert make_plan({A.id: entry(A)}, [retitled], set(), CHUNKER).changed == [retitled]
-    assert make_plan({A.id: entry(A)}, [touched], set(), CHUNKER).is_noop
-
-
-def test_a_new_chunker_rechunks_every_note_but_a_new_model_plans_nothing():
-    plan = make_plan({A.id: entry(A, chunker="md-v3:300:50")}, [A], set(), CHUNKER)
-    assert plan.changed == [A] and plan.rechunk == 1
-    assert make_plan({A.id: entry(A, model="")}, [A], set(), CHUNKER).is_noop  # vectors are filled, not planned
-
-
-def test_a_note_listed_twice_counts_once():
-    plan = make_plan({}, [A, A], set(), CHUNKER)
-    assert [r.id for r in plan.added] == [A.id]
-
-
-def test_unchanged_ids_without_records_must_be_current():
-    assert make_plan({A.id: entry(A)}, [], set(), CHUNKER, unchanged_ids={A.id}).unchanged == 1
-    with pytest.raises(ValueError, match="listed as unchanged"):
-        make_plan({A.id: entry(A, chunker="old")}, [], set(), CHUNKER, unchanged_ids={A.id})
 
 
 def test_models_are_read_in_one_place():

@@ -92,7 +92,7 @@ def test_every_kind_of_disagreement_is_found_and_repair_reembeds_only_broken_not
     assert result["ok"] is True, {k: v for k, v in result["problems"].items() if v["count"]}
     repair = result["repair"]
     assert repair["reembedded_notes"] == 3
-    assert repair["embedded_chunks"] == sum(len(ids) for ids in broken.values())
+    assert repair["chunks_written"] == sum(len(ids) for ids in broken.values())
     # the ghost, and e's vectors once e left the manifest; c's old vectors went when c was re-embedded
     assert (repair["deleted_vectors"], repair["deleted_chunk_rows"], repair["needs_sync"]) == (len(e_ids), 1, [e])
     assert repair["found"]["missing_vectors"]["count"] == len(problems["missing_vectors"])

@@ -45,7 +45,7 @@ def test_two_servers_with_the_same_memo_ids_keep_both_sets_of_notes(home: Path, 
         assert [(s.name, s.added, s.failed) for s in report.sources] == [("a", 3, False), ("b", 3, False)]
         again = Brain(home).sync()
         assert [(s.added, s.updated, s.deleted, s.unchanged) for s in again.sources] == [(0, 0, 0, 3)] * 2
-        assert again.embedded_chunks == 0
+        assert again.chunks_written == 0
     status = Brain(home).status()
     assert {s["name"]: s["notes"] for s in status["sources"]} == {"a": 3, "b": 3}
     assert chroma_ids(home) == manifest_chunk_ids(home)
@@ -91,7 +91,7 @@ def test_a_home_with_unnamespaced_memo_ids_is_migrated_once_without_re_embedding
 
         report = Brain(home).sync(memos=(double.url,))
     source = report.sources[0].name
-    assert (report.embedded_chunks, report.sources[0].unchanged, report.model_loaded) == (0, 3, False)
+    assert (report.chunks_written, report.sources[0].unchanged, report.model_loaded) == (0, 3, False)
     assert chroma_ids(home) == manifest_chunk_ids(home) == {
         f"memos:{source}/{i.removeprefix('memos:')}" for i in old_ids}
     brain = Brain(home)

@@ -52,7 +52,7 @@ def test_first_sync_indexes_every_note_and_chroma_matches_manifest(home, make_va
     assert report.model_loaded is True
     ids = chroma_ids(home)
     assert ids == manifest_chunk_ids(home)
-    assert report.embedded_chunks == len(ids) >= 3
+    assert report.chunks_written == len(ids) >= 3
     assert all(i.startswith("vault:notes/") and ":chunk:" in i for i in ids)
     collection = chromadb.PersistentClient(path=str(home / "chroma")).get_collection(collection_name("use-m3"))
     assert collection.configuration["hnsw"]["ef_search"] == 400  # a wide beam: the same query, the same top 50
@@ -65,7 +65,7 @@ def test_no_change_sync_embeds_nothing_and_loads_no_model(home, make_vault):
     vault = make_vault(NOTES)
     Brain(home).sync(vaults=(str(vault),))
     report = Brain(home).sync(vaults=(str(vault),))
-    assert (report.sources[0].unchanged, report.embedded_chunks, report.model_loaded) == (3, 0, False)
+    assert (report.sources[0].unchanged, report.chunks_written, report.model_loaded) == (3, 0, False)
 
 
 @pytest.mark.parametrize("warned", [False, True], ids=["clean", "a note with a warning"])
@@ -79,7 +79,7 @@ def test_no_change_sync_imports_neither_llama_index_nor_chromadb_nor_numpy(home,
     code = (
         "import sys; from rag_app.engine import Brain; "
         f"r = Brain({str(home)!r}).sync(vaults=({str(vault)!r},)); "
-        "print(r.embedded_chunks, r.model_loaded, 'llama_index.core' in sys.modules, 'chromadb' in sys.modules, "
+        "print(r.chunks_written, r.model_loaded, 'llama_index.core' in sys.modules, 'chromadb' in sys.modules, "
         "'numpy' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
@@ -98,7 +98,7 @@ def test_a_tokenizer_upgrade_retokenizes_cached_chunks_once_without_embedding(ho
     assert manifest.get_meta("tokenizer_version") == "kw-v1"
     assert {t for _, t, _, _ in manifest.chunk_tokens()} == {"stale tokens of an older tokenizer"}
     report = Brain(home).sync(vaults=(str(vault),))
-    assert report.embedded_chunks == 0
+    assert report.chunks_written == 0
     assert dict((c, t) for c, t, _, _ in manifest.chunk_tokens()) == fresh
     manifest.close()
     hits = Brain(home).search("ERR_CONN_RESET_4471", 3, mode="bm25").results
@@ -113,7 +113,7 @@ def test_a_home_made_before_the_wide_search_beam_gets_it_on_its_next_sync(home, 
     manifest = Manifest(home / "index.sqlite")
     manifest.db.execute("DELETE FROM meta WHERE key = 'hnsw_ef_search'")
     report = Brain(home).sync(vaults=(str(vault),))
-    assert report.embedded_chunks == 0 and manifest.get_meta("hnsw_ef_search") == "400"
+    assert report.chunks_written == 0 and manifest.get_meta("hnsw_ef_search") == "400"
     manifest.close()
     reopened = chromadb.PersistentClient(path=str(home / "chroma")).get_collection(collection_name("use-m3"))
     assert reopened.configuration["hnsw"]["ef_search"] == 400
@@ -135,7 +135,7 @@ def test_edit_delete_add_touch_exactly_those_notes(home, make_vault):
     movie_chunks = {i for i in before if i.startswith("vault:notes/movies.md")}
     assert movie_chunks <= after
     assert after == manifest_chunk_ids(home)
-    assert report.embedded_chunks == len([i for i in after if "sleep.md" in i or "new.md" in i])
+    assert report.chunks_written == len([i for i in after if "sleep.md" in i or "new.md" in i])
 
 
 def test_touching_a_file_without_changing_it_does_not_reembed(home, make_vault):
@@ -144,7 +144,7 @@ def test_touching_a_file_without_changing_it_does_not_reembed(home, make_vault):
     path = vault / "movies.md"
     later = time.time() + 100
     os.utime(path, (later, later))
-    assert Brain(home).sync(vaults=(str(vault),)).embedded_chunks == 0
+    assert Brain(home).sync(vaults=(str(vault),)).chunks_written == 0
 
 
 def test_renamed_file_is_one_delete_and_one_add(home, make_vault):
@@ -212,7 +212,7 @@ def test_model_change_fills_a_new_collection_and_drops_the_old_once_complete(hom
     (home / "config.toml").write_text('[embedding]\nmodel = "e5-small"\nsecond_model = ""\n', encoding="utf-8")
     report = Brain(home).sync(vaults=(str(vault),))
     assert (report.sources[0].updated, report.sources[0].unchanged) == (0, 3)  # the notes did not change
-    assert (report.embedded_chunks, report.vectors) == (0, {"e5-small": len(chunks)})
+    assert (report.chunks_written, report.vectors) == (0, {"e5-small": len(chunks)})
     client = chromadb.PersistentClient(path=str(home / "chroma"))
     assert {c.name for c in client.list_collections()} == {collection_name("e5-small")}
     assert chroma_ids(home, "e5-small") == manifest_chunk_ids(home) == chunks
@@ -226,10 +226,10 @@ def test_adding_the_second_model_embeds_only_with_it(home, make_vault):
     (home / "config.toml").write_text('[embedding]\nmodel = "e5-small"\n', encoding="utf-8")
     report = Brain(home).sync(vaults=(str(vault),))
     assert (report.sources[0].updated, report.sources[0].unchanged) == (0, 3)
-    assert (report.embedded_chunks, report.vectors) == (0, {"use-m3": len(manifest_chunk_ids(home))})
+    assert (report.chunks_written, report.vectors) == (0, {"use-m3": len(manifest_chunk_ids(home))})
     assert chroma_ids(home, "use-m3") == chroma_ids(home, "e5-small") == manifest_chunk_ids(home)
     again = Brain(home).sync(vaults=(str(vault),))
-    assert (again.embedded_chunks, again.vectors, again.model_loaded) == (0, {}, False)
+    assert (again.chunks_written, again.vectors, again.model_loaded) == (0, {}, False)
 
 
 def test_chunk_size_change_rechunks_every_note(home, make_vault):
@@ -294,7 +294,7 @@ def test_a_stopped_first_sync_keeps_its_batches_and_the_next_resumes_without_red
     monkeypatch.setattr(sync_module.Manifest, "add_model", stop_after_two_batches)
     first = Brain(home).sync(vaults=(str(vault),), stop=stop)
     assert first.interrupted
-    assert (first.sources[0].added, first.embedded_chunks, first.vectors) == (12, 12, {"use-m3": 8})
+    assert (first.sources[0].added, first.chunks_written, first.vectors) == (12, 12, {"use-m3": 8})
     assert len(chroma_ids(home)) == 8 and len(manifest_chunk_ids(home)) == 12
     assert [r["note_id"] for r in Brain(home).search("Note 11", k=1, mode="bm25").results] == ["vault:notes/n11.md"]
     status = Brain(home).status()["channels"]
@@ -302,7 +302,7 @@ def test_a_stopped_first_sync_keeps_its_batches_and_the_next_resumes_without_red
     assert (status["use-m3"]["chunks"], status["use-m3"]["complete"]) == (8, False)
 
     second = Brain(home).sync(vaults=(str(vault),))
-    assert (second.interrupted, second.sources[0].unchanged, second.embedded_chunks, second.vectors) == (
+    assert (second.interrupted, second.sources[0].unchanged, second.chunks_written, second.vectors) == (
         False, 12, 0, {"use-m3": 4})
     assert chroma_ids(home) == manifest_chunk_ids(home) and len(chroma_ids(home)) == 12
     assert Brain(home).status()["channels"]["use-m3"] == {"chunks": 12, "complete": True, "seconds_left": 0}

@@ -49,7 +49,7 @@ def test_the_docstore_holds_every_indexed_note_and_forgets_deleted_ones(home, ma
     assert (home / DOCSTORE_FILE).is_file()
     assert stored(home) == manifest_hashes(home) and len(stored(home)) == 3
     docstore = open_docstore(load_settings(home))
-    assert docstore.get_document(next(iter(stored(home)))).text  # whole Documents, text included
+    assert docstore.get_document(next(iter(stored(home))), raise_error=False) is None  # hashes, no second text
     (vault / "c.md").unlink()
     (vault / "b.md").write_text("# Beta\n\nCompost needs worms and time.", encoding="utf-8")
     report, source = sync(home, vault)
@@ -67,7 +67,7 @@ def test_a_no_change_sync_does_not_open_the_docstore(home, make_vault, monkeypat
     original = docstore_module.open_docstore
     monkeypatch.setattr(docstore_module, "open_docstore", lambda settings: opened.append(1) or original(settings))
     report, source = sync(home, vault)
-    assert (opened, source.unchanged, report.embedded_chunks) == ([], 3, 0)
+    assert (opened, source.unchanged, report.chunks_written) == ([], 3, 0)
 
 
 def test_a_note_the_docstore_lacks_is_chunked_again(home, make_vault):
@@ -76,7 +76,7 @@ def test_a_note_the_docstore_lacks_is_chunked_again(home, make_vault):
     vault = make_vault(NOTES)
     sync(home, vault)
     docstore = open_docstore(load_settings(home))
-    docstore.delete_document("vault:notes/b.md")
+    docstore.delete_document("vault:notes/b.md", raise_error=False)
     (vault / "b.md").write_text(NOTES["b.md"].replace("\n", "\r\n"), encoding="utf-8")  # new bytes, same note
     report, source = sync(home, vault)
     assert (source.updated, source.unchanged) == (1, 2)
@@ -90,7 +90,7 @@ def test_a_note_the_docstore_already_has_is_not_chunked_again(home, make_vault):
     sync(home, vault)
     (vault / "a.md").write_text(NOTES["a.md"].replace("\n", "\r\n"), encoding="utf-8")
     report, source = sync(home, vault)
-    assert (source.updated, source.unchanged, report.embedded_chunks, report.vectors) == (0, 3, 0, {})
+    assert (source.updated, source.unchanged, report.chunks_written, report.vectors) == (0, 3, 0, {})
 
 
 def test_a_home_from_before_the_docstore_is_migrated_once_without_re_embedding(home, make_vault):
@@ -110,7 +110,7 @@ def test_a_home_from_before_the_docstore_is_migrated_once_without_re_embedding(h
     report, source = sync(home, vault)
     assert (source.updated, source.unchanged) == (1, 2)
     assert stored(home) == manifest_hashes(home) and len(stored(home)) == 3
-    assert report.vectors == {"use-m3": report.embedded_chunks}  # the edited note's chunks only
+    assert report.vectors == {"use-m3": report.chunks_written}  # the edited note's chunks only
 
 
 def test_a_docstore_that_cannot_be_read_fails_its_source_and_keeps_every_note(home, make_vault):
@@ -155,3 +155,57 @@ def test_a_read_only_docstore_is_named_in_the_sources_failure(home: Path, make_v
     assert source.failed and source.error == (f"the docstore {home / DOCSTORE_FILE} failed (attempt to write a "
                                               "readonly database): it cannot be written: check its owner and "
                                               "permissions")
+
+
+def test_the_docstore_not_the_manifest_decides_what_changed(home, make_vault):
+    """The index's own record of a note's hash is not asked: with it scrambled, a file rewritten with the same note
+    is still skipped (the docstore holds that hash), and an edited one is still chunked (the docstore does not)."""
+    import sqlite3
+
+    vault = make_vault(NOTES)
+    sync(home, vault)
+    db = sqlite3.connect(home / "index.sqlite")
+    db.execute("UPDATE notes SET hash = 'scrambled'")
+    db.commit()
+    db.close()
+    (vault / "a.md").write_text(NOTES["a.md"].replace("\n", "\r\n"), encoding="utf-8")  # new bytes, same note
+    (vault / "b.md").write_text("# Beta\n\nCompost needs worms and patience.", encoding="utf-8")
+    report, source = sync(home, vault)
+    assert (source.added, source.updated, source.unchanged) == (0, 1, 2)
+    assert report.vectors == {"use-m3": report.chunks_written} and report.chunks_written >= 1
+
+
+def test_without_the_docstores_upserts_a_rewritten_note_would_be_chunked_again(home, make_vault, monkeypatch):
+    """The specification's other side: let every Document through the pipeline (no docstore decision) and the same
+    rewrite is chunked again, so the tests above would fail if sync decided without the docstore."""
+    from llama_index.core.ingestion import IngestionPipeline
+
+    vault = make_vault(NOTES)
+    sync(home, vault)
+    monkeypatch.setattr(IngestionPipeline, "_handle_upserts", lambda self, nodes: list(nodes))
+    (vault / "a.md").write_text(NOTES["a.md"].replace("\n", "\r\n"), encoding="utf-8")
+    report, source = sync(home, vault)
+    assert (source.updated, source.unchanged) == (1, 2)
+
+
+def test_a_sync_that_dies_between_the_docstore_and_the_index_converges_at_the_next(home, make_vault, monkeypatch):
+    """The pipeline writes the docstore before the index commits the note's chunks. A crash in between leaves the
+    docstore holding the edit; the journal makes the next sync offer it again, so the edit is searchable."""
+    vault = make_vault(NOTES)
+    sync(home, vault)
+    (vault / "b.md").write_text("# Beta\n\nCompost needs earthworms.", encoding="utf-8")
+
+    def crash(self, rows):
+        raise KeyboardInterrupt("killed")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Manifest, "put_chunks", crash)
+        try:
+            Brain(home).sync(vaults=(str(vault),))
+        except KeyboardInterrupt:
+            pass
+    assert stored(home)["vault:notes/b.md"] != manifest_hashes(home)["vault:notes/b.md"]  # the docstore ran ahead
+    report, source = sync(home, vault)
+    assert (source.updated, source.unchanged) == (1, 2)
+    assert stored(home) == manifest_hashes(home)
+    assert Brain(home).search("earthworms", k=3).results[0]["note_id"] == "vault:notes/b.md"

@@ -174,17 +174,28 @@ def test_a_note_of_seven_thousand_chunks_is_capped_and_every_channel_completes(h
 
 def test_chroma_is_written_in_batches_under_its_max_batch_size(home):
     """Chroma refuses an add larger than `max_batch_size` (5461 for the embedded store)."""
-    from llama_index.core.schema import TextNode
-
     from rag_app.config import load_settings
     from rag_app.index.store import VectorIndex
+    from rag_app.ingest.pipeline import chunk_node
 
     index = VectorIndex(load_settings(home), "use-m3")
     limit = index.client.get_max_batch_size()
-    nodes = [TextNode(id_=f"vault:x/a.md:chunk:{n}", text=f"t{n}", embedding=[1.0, float(n % 7), 0.5],
-                      metadata={"note_id": "vault:x/a.md"}) for n in range(limit + 10)]
-    assert len(index.vector_store().add(nodes)) == limit + 10
-    assert index.count() == limit + 10
+    nodes = [chunk_node(f"vault:x/a.md:chunk:{n}", "vault:x/a.md", f"t{n}", {}) for n in range(limit + 10)]
+    for n, node in enumerate(nodes):
+        node.embedding = [1.0, float(n % 7), 0.5]
+    assert index.add(nodes) == limit + 10 and index.count() == limit + 10
+
+
+def test_chroma_holds_vectors_and_the_note_id_never_a_second_copy_of_the_text(home, make_vault):
+    """Issue 31: a chunk's text has one owner, the manifest; Chroma keeps the id, the vector and the note."""
+    from rag_app.config import load_settings
+    from rag_app.index.store import VectorIndex
+
+    Brain(home).sync(vaults=(str(make_vault({"a.md": "# Rivers\n\nThe river level rose after the storm."})),))
+    got = VectorIndex(load_settings(home), "use-m3").collection.get(include=["documents", "metadatas"])
+    assert got["ids"] and got["documents"] == [None] * len(got["ids"])
+    assert got["metadatas"] == [{"document_id": "vault:notes/a.md"}] * len(got["ids"])
+    assert Brain(home).search("river level").results[0]["note_id"] == "vault:notes/a.md"
 
 
 def test_doctor_names_a_channel_the_last_sync_could_not_complete_and_repair_fills_it(home, make_vault,

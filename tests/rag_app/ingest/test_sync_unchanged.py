@@ -72,11 +72,11 @@ def test_a_chunker_change_re_chunks_files_whose_bytes_did_not_change(home, make_
     parsed.clear()
     report, source = sync(home, vault)
     assert sorted(parsed) == ["a.md", "b.md", "sub/c.md"]
-    assert (source.updated, source.unchanged, report.vectors) == (3, 0, {"use-m3": report.embedded_chunks})
-    assert report.embedded_chunks >= 3
+    assert (source.updated, source.unchanged, report.vectors) == (3, 0, {"use-m3": report.chunks_written})
+    assert report.chunks_written >= 3
     parsed.clear()
     report, source = sync(home, vault)
-    assert (parsed, source.unchanged, report.embedded_chunks, report.vectors) == ([], 3, 0, {})
+    assert (parsed, source.unchanged, report.chunks_written, report.vectors) == ([], 3, 0, {})
 
 
 def test_a_model_change_embeds_every_unchanged_file_with_the_new_model(home, make_vault, parsed):
@@ -87,7 +87,7 @@ def test_a_model_change_embeds_every_unchanged_file_with_the_new_model(home, mak
     parsed.clear()
     report, source = sync(home, vault)
     assert (parsed, source.unchanged, report.model_loaded) == ([], 3, True)
-    assert report.vectors == {"e5-small": first.embedded_chunks}
+    assert report.vectors == {"e5-small": first.chunks_written}
     hits = Brain(home).search("compost", 3, mode="vector").results
     assert hits and hits[0]["path"] == "b.md"
 

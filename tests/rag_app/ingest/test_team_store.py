@@ -44,7 +44,7 @@ def test_a_database_that_refuses_writes_mid_sync_is_one_line_with_no_sql_and_not
     report = json.loads(done.stdout)
     source = report["sources"][0]
     assert source["failed"] and source["store_failed"] and (source["added"], source["updated"]) == (0, 0)
-    assert report["embedded_chunks"] == 0 and report["exit_code"] == 2
+    assert report["chunks_written"] == 0 and report["exit_code"] == 2
     assert report["error"] == report["store_error"] == source["error"]
     assert report["error"].startswith(f"the docstore {where(postgres)} failed (") and "read-only" in report["error"]
     said = [line for line in done.stderr.splitlines() if line.startswith("brain:")]

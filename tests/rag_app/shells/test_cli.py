@@ -37,12 +37,12 @@ def test_sync_json_report_has_the_documented_shape(home, make_vault):
     done = brain(home, "sync", "--vault", str(vault), "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    assert set(report) == {"sources", "embedded_chunks", "deleted_chunks", "vectors", "reused_vectors", "model_loaded",
+    assert set(report) == {"sources", "chunks_written", "deleted_chunks", "vectors", "reused_vectors", "model_loaded",
                            "interrupted", "fill_error", "store_error", "seconds"}
     source = report["sources"][0]
     assert {"name", "kind", "added", "updated", "deleted", "unchanged", "skipped", "failed", "error"} <= set(source)
     assert (source["name"], source["kind"], source["added"], source["failed"]) == ("notes", "vault", 2, False)
-    assert report["embedded_chunks"] == 2 and report["model_loaded"] is True and report["vectors"] == {"use-m3": 2}
+    assert report["chunks_written"] == 2 and report["model_loaded"] is True and report["vectors"] == {"use-m3": 2}
     assert (report["interrupted"], report["fill_error"]) == (False, None)
 
 
