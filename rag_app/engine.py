@@ -32,18 +32,10 @@ from rag_app.index.store import DiskFull, StoreError, disk_full
 from rag_app.ingest.capture import MAX_CAPTURE_BYTES, MAX_TAGS, MAX_TITLE_CHARS, CaptureError
 from rag_app.ingest.chunking import CHUNKER_VERSION, chunker_id
 from rag_app.ingest.fresh import SourceError
-from rag_app.ingest.sync import (
-    Progress,
-    SourceReport,
-    StopRequested,
-    SyncBusyError,
-    SyncReport,
-    channel_progress,
-    remove_source,
-    stop_on_signals,
-    sync_sources,
-    time_left,
-)
+from rag_app.ingest.lock import StopRequested, SyncBusyError, stop_on_signals
+from rag_app.ingest.progress import Progress, channel_progress, time_left
+from rag_app.ingest.report import SourceReport, SyncReport
+from rag_app.ingest.sync import remove_source, sync_sources
 from rag_app.ingest.watch import BackgroundWatch, HomeGone, Watcher, watch_in_background
 from rag_app.search.graph import LinkGraph
 from rag_app.search.query import MAX_QUERIES, SearchCancelled, SearchError, SearchFilters, cancelled_when
@@ -760,8 +752,8 @@ class Brain:
                                       "deleted_at_source": False, "read_at": read_at}
 
     def _memos_token(self, spec: SourceSpec) -> str | None:
-        """The token this Memos source may be sent (rag_app.ingest.sync.memos_token: one origin per token)."""
-        from rag_app.ingest.sync import memos_token
+        """The token this Memos source may be sent (rag_app.ingest.memos_token: one origin per token)."""
+        from rag_app.ingest.memos_token import memos_token
 
         manifest = Manifest(self.settings.manifest_path)
         try:

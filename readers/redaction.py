@@ -4,6 +4,7 @@ headers, and a text cut for display can end inside a token."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterable
 from urllib.parse import quote
@@ -45,3 +46,19 @@ def _without_cut_secret(text: str, forms: Iterable[str]) -> str:
             if text.endswith(form[:size]):
                 return text[:-size] + REDACTED
     return text
+
+
+def one_line(exc: BaseException, token_env: str = "") -> str:
+    """An error as one short line for the report, the manifest and the log: never a token or a bearer header, even
+    when a server echoed one back (every secret the environment holds for a source or a model is removed)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return redact_secrets(text, secrets_in_environment(token_env))[:500]
+
+
+SECRET_ENV_VARS = ("CFLOW_API_TOKEN", "MEMOS_TOKEN", "EMBEDDING_API_KEY", "OPENAI_API_KEY", "LLM_API_KEY")
+
+
+def secrets_in_environment(token_env: str = "") -> list[str]:
+    """Every secret the environment holds for a source or a model (at least 8 characters: shorter is no secret)."""
+    names = {*SECRET_ENV_VARS, token_env} | {n for n in os.environ if n.endswith(("_TOKEN", "_API_KEY", "_SECRET"))}
+    return [os.environ[n] for n in names if len(os.environ.get(n, "").strip()) >= 8]

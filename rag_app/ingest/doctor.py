@@ -22,7 +22,10 @@ from rag_app.index.docstore_health import DOCSTORE_FILE, DocstoreError, all_stor
 from rag_app.index.keyword_store import keyword_stamp, refresh_keyword_index, saved_keyword_ids
 from rag_app.index.manifest import Manifest
 from rag_app.index.store import COLLECTION_PREFIX, collection_ids, collection_name, exact_enough, open_chroma
-from rag_app.ingest.sync import FILL_ERROR, SyncLock, fill_vectors, rebuild_docstore, reembed_stored
+from rag_app.ingest.apply import FILL_ERROR
+from rag_app.ingest.lock import SyncLock
+from rag_app.ingest.migrations import rebuild_docstore
+from rag_app.ingest.sync import fill_vectors, reembed_stored
 from readers.records import NoteRecord
 
 log = logging.getLogger("cflow_brain.doctor")

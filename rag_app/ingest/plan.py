@@ -1,6 +1,6 @@
 """The plan of one source's sync: which listed notes to offer the ingestion docstore, which to delete, which the
 listing already verified unchanged. Whether an offered note changed is not decided here: the IngestionPipeline's
-docstore decides that, by the hash LlamaIndex keeps (see `_Applier.write_chunks`)."""
+docstore decides that, by the hash LlamaIndex keeps (see `Applier.write_chunks`)."""
 
 from __future__ import annotations
 

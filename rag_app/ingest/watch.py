@@ -15,7 +15,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rag_app.config import Settings, SourceSpec
-from rag_app.ingest.sync import StopRequested, SyncBusyError, SyncReport, stop_on_signals, sync_sources
+from rag_app.ingest.lock import StopRequested, SyncBusyError, stop_on_signals
+from rag_app.ingest.report import SyncReport
+from rag_app.ingest.sync import sync_sources
 
 log = logging.getLogger("cflow_brain.watch")
 DEBOUNCE_MS = 300  # file events closer than this are one change (an editor's save is several events)

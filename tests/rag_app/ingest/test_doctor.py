@@ -13,7 +13,7 @@ import numpy as np
 from bench.fault_trials import convergence_problems, run_brain, write_notes
 from rag_app.engine import Brain
 from rag_app.index.store import collection_name
-from rag_app.ingest.sync import SyncLock
+from rag_app.ingest.lock import SyncLock
 
 COLLECTION = collection_name("use-m3")
 

@@ -14,7 +14,7 @@ from rag_app.config import ConfigError, SourceSpec, load_settings
 from rag_app.engine import Brain
 from rag_app.index.manifest import Manifest
 from rag_app.index.store import collection_name
-from rag_app.ingest.sync import TOKEN_ORIGIN
+from rag_app.ingest.memos_token import TOKEN_ORIGIN
 from tests.doubles.memos_server import MemosDouble
 from tests.rag_app.ingest.test_sync import chroma_ids, manifest_chunk_ids
 

@@ -17,7 +17,7 @@ from rag_app.config import ConfigError
 from rag_app.engine import Brain
 from rag_app.index.manifest import Manifest
 from rag_app.index.store import collection_name
-from rag_app.ingest.sync import SyncBusyError, SyncLock
+from rag_app.ingest.lock import SyncBusyError, SyncLock
 from tests.conftest import REPO
 from tests.doubles.memos_server import MemosDouble, seed_memos
 
@@ -274,16 +274,16 @@ def test_a_stopped_first_sync_keeps_its_batches_and_the_next_resumes_without_red
                                                                                            monkeypatch):
     """A stop request (Ctrl-C, SIGTERM) ends the fill after the batch in hand: BM25 already covers every note, the
     finished vectors stay, and the next run embeds only the rest; the result equals a one-pass index."""
-    import rag_app.ingest.sync as sync_module
-    from rag_app.ingest.sync import StopRequested
+    import rag_app.ingest.apply as apply_module
+    from rag_app.ingest.lock import StopRequested
 
     vault = make_vault({f"n{i:02d}.md": f"# Note {i}\n\n" + ("text " * 20) for i in range(12)})
-    monkeypatch.setattr(sync_module, "FIRST_FILL_BATCH", 4)
-    monkeypatch.setattr(sync_module, "MIN_FILL_BATCH", 4)
-    monkeypatch.setattr(sync_module, "MAX_FILL_BATCH", 4)
+    monkeypatch.setattr(apply_module, "FIRST_FILL_BATCH", 4)
+    monkeypatch.setattr(apply_module, "MIN_FILL_BATCH", 4)
+    monkeypatch.setattr(apply_module, "MAX_FILL_BATCH", 4)
     stop = StopRequested()
     batches = {"n": 0}
-    original = sync_module.Manifest.add_model
+    original = apply_module.Manifest.add_model
 
     def stop_after_two_batches(self, note_ids, model):
         original(self, note_ids, model)
@@ -291,7 +291,7 @@ def test_a_stopped_first_sync_keeps_its_batches_and_the_next_resumes_without_red
         if batches["n"] == 2:
             stop.set()
 
-    monkeypatch.setattr(sync_module.Manifest, "add_model", stop_after_two_batches)
+    monkeypatch.setattr(apply_module.Manifest, "add_model", stop_after_two_batches)
     first = Brain(home).sync(vaults=(str(vault),), stop=stop)
     assert first.interrupted
     assert (first.sources[0].added, first.chunks_written, first.vectors) == (12, 12, {"use-m3": 8})
@@ -312,13 +312,13 @@ def test_a_stop_inside_a_long_note_ends_after_one_slice_and_loses_no_vector(home
     """Batches are bounded in chunks, not notes: a note of 20 chunks is embedded in slices of 4, a stop is honoured
     after the slice in hand (not after the whole note), the note is not half in the index, and the next sync reuses
     the slice's vectors and embeds only the rest."""
-    import rag_app.ingest.sync as sync_module
-    from rag_app.ingest.sync import StopRequested
+    import rag_app.ingest.apply as apply_module
+    from rag_app.ingest.lock import StopRequested
 
     long_note = "# Long\n\n" + "\n\n".join(f"## Part {i}\n\n" + f"paragraph {i} " * 60 for i in range(20))
     vault = make_vault({"long.md": long_note})
     for name in ("FIRST_FILL_BATCH", "MIN_FILL_BATCH", "MAX_FILL_BATCH"):
-        monkeypatch.setattr(sync_module, name, 4)
+        monkeypatch.setattr(apply_module, name, 4)
     stop = StopRequested()
 
     class StopAfterOneSlice:
@@ -353,13 +353,13 @@ def test_a_stop_inside_a_long_note_ends_after_one_slice_and_loses_no_vector(home
 def test_a_long_note_is_filled_whole_when_the_slice_size_changes_under_it(home, make_vault, monkeypatch):
     """The slice size follows the measured rate: when it shrinks inside a note (a loaded machine), no chunk is
     skipped and none embedded twice."""
-    import rag_app.ingest.sync as sync_module
+    import rag_app.ingest.apply as apply_module
 
     long_note = "# Long\n\n" + "\n\n".join(f"## Part {i}\n\n" + f"paragraph {i} " * 60 for i in range(20))
     vault = make_vault({"long.md": long_note, "short.md": "# Short\n\nA short note."})
-    monkeypatch.setattr(sync_module, "FIRST_FILL_BATCH", 8)
-    monkeypatch.setattr(sync_module, "MIN_FILL_BATCH", 2)
-    monkeypatch.setattr(sync_module, "FILL_BATCH_SECONDS", 1e-9)  # every measured rate asks for the smallest slice
+    monkeypatch.setattr(apply_module, "FIRST_FILL_BATCH", 8)
+    monkeypatch.setattr(apply_module, "MIN_FILL_BATCH", 2)
+    monkeypatch.setattr(apply_module, "FILL_BATCH_SECONDS", 1e-9)  # every measured rate asks for the smallest slice
     report = Brain(home).sync(vaults=(str(vault),))
     chunks = manifest_chunk_ids(home)
     assert (report.interrupted, report.failed, report.vectors) == (False, False, {"use-m3": len(chunks)})
@@ -471,13 +471,13 @@ def test_memos_paging_over_a_thousand_memos(home, monkeypatch):
 
 def test_search_during_the_fill_uses_only_complete_channels(home, make_vault, monkeypatch):
     """BM25 alone before any dense model is complete, then BM25 + USE-m3 (fast mode) until e5 is complete too."""
-    import rag_app.ingest.sync as sync_module
-    from rag_app.ingest.sync import StopRequested
+    import rag_app.ingest.apply as apply_module
+    from rag_app.ingest.lock import StopRequested
 
     vault = make_vault(NOTES)
     (home / "config.toml").write_text('[embedding]\nmodel = "e5-small"\n', encoding="utf-8")
     for name in ("FIRST_FILL_BATCH", "MIN_FILL_BATCH", "MAX_FILL_BATCH"):
-        monkeypatch.setattr(sync_module, name, 1)
+        monkeypatch.setattr(apply_module, name, 1)
     stop = StopRequested()
     Brain(home).sync(vaults=(str(vault),), stop=stop, on_searchable=stop.set)
     before_any = Brain(home).search("ERR_CONN_RESET_4471")
@@ -485,7 +485,7 @@ def test_search_during_the_fill_uses_only_complete_channels(home, make_vault, mo
     assert before_any.coverage["filling_vectors"] == ["e5-small", "use-m3"]
     assert before_any.results[0]["note_id"] == "vault:notes/work/incident.md"
 
-    original = sync_module.Manifest.add_model
+    original = apply_module.Manifest.add_model
     stop = StopRequested()
 
     def stop_after_first_e5_batch(self, note_ids, model):
@@ -493,12 +493,12 @@ def test_search_during_the_fill_uses_only_complete_channels(home, make_vault, mo
         if model == "e5-small":
             stop.set()
 
-    monkeypatch.setattr(sync_module.Manifest, "add_model", stop_after_first_e5_batch)
+    monkeypatch.setattr(apply_module.Manifest, "add_model", stop_after_first_e5_batch)
     Brain(home).sync(vaults=(str(vault),), stop=stop)
     during = Brain(home).search("想看的电影")
     assert during.coverage["filling_vectors"] == ["e5-small"]
     assert set(during.coverage["channels"]) == {"bm25", "vector"}  # USE-m3 as the only dense channel: fast mode
-    monkeypatch.setattr(sync_module.Manifest, "add_model", original)
+    monkeypatch.setattr(apply_module.Manifest, "add_model", original)
     Brain(home).sync(vaults=(str(vault),))
     after = Brain(home).search("想看的电影")
     assert "filling_vectors" not in after.coverage and set(after.coverage["channels"]) == {"bm25", "vector", "vector2"}

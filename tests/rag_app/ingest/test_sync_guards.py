@@ -160,7 +160,7 @@ def test_a_note_of_seven_thousand_chunks_is_capped_and_every_channel_completes(h
             encoding="utf-8")
         report = Brain(home).sync(vaults=(str(vault),))
         assert not report.failed, report.fill_error
-        from rag_app.ingest.sync import MAX_NOTE_CHUNKS
+        from rag_app.ingest.apply import MAX_NOTE_CHUNKS
 
         source = report.sources[0]
         assert any(f"first {MAX_NOTE_CHUNKS} of 7" in w and "huge.md" in w for w in source.warnings), source.warnings
@@ -239,7 +239,7 @@ def test_a_vault_note_grown_over_the_size_limit_keeps_its_indexed_copy(home, mak
 
 
 def test_after_a_model_switch_search_uses_the_old_models_complete_vectors(home, make_vault):
-    from rag_app.ingest.sync import StopRequested
+    from rag_app.ingest.lock import StopRequested
 
     vault = make_vault(NOTES)
     Brain(home).sync(vaults=(str(vault),))

@@ -376,15 +376,15 @@ def test_sync_creates_the_home_it_is_pointed_at(tmp_path, make_vault):
 
 def test_plain_status_shows_each_channels_progress_and_time_left(home, make_vault, monkeypatch):
     """During a fill (here stopped after 8 of 12 chunks) the plain status says what --json says."""
-    import rag_app.ingest.sync as sync_module
+    import rag_app.ingest.apply as apply_module
     from rag_app.engine import Brain
-    from rag_app.ingest.sync import StopRequested
+    from rag_app.ingest.lock import StopRequested
 
     vault = make_vault({f"n{i:02d}.md": f"# Note {i}\n\n" + ("text " * 20) for i in range(12)})
     for batch in ("FIRST_FILL_BATCH", "MIN_FILL_BATCH", "MAX_FILL_BATCH"):
-        monkeypatch.setattr(sync_module, batch, 4)
+        monkeypatch.setattr(apply_module, batch, 4)
     stop, batches = StopRequested(), []
-    original = sync_module.Manifest.add_model
+    original = apply_module.Manifest.add_model
 
     def stop_after_two_batches(self, note_ids, model):
         original(self, note_ids, model)
@@ -392,7 +392,7 @@ def test_plain_status_shows_each_channels_progress_and_time_left(home, make_vaul
         if len(batches) == 2:
             stop.set()
 
-    monkeypatch.setattr(sync_module.Manifest, "add_model", stop_after_two_batches)
+    monkeypatch.setattr(apply_module.Manifest, "add_model", stop_after_two_batches)
     assert Brain(home).sync(vaults=(str(vault),), stop=stop).interrupted
     shown = brain(home, "status").stdout.splitlines()
     assert re.fullmatch(r"search channels: bm25 complete; use-m3 8/12 chunks, ~\d+ s left", shown[3]), shown
