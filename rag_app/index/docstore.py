@@ -207,9 +207,17 @@ def connection_strings(url: str) -> tuple[str, str]:
             f"postgresql+asyncpg://{where}" + (f"?{urlencode(asyncpg)}" if asyncpg else ""))
 
 
+BULK_LOOKUP = 200  # more notes than this are read in one pass over the hashes, not one query each (a PostgreSQL round
+# trip per memo made a no-change sync of 3,000 memos wait on 3,000 queries)
+
+
 def document_hashes(docstore: Any, note_ids: list[str]) -> dict[str, str]:
-    """The stored hash of each of these notes the docstore holds (key lookups, never the whole store)."""
-    return {note_id: digest for note_id in note_ids if (digest := docstore.get_document_hash(note_id))}
+    """The stored hash of each of these notes the docstore holds: key lookups for a few, one read of every hash (no
+    text: the docstore keeps none) for many."""
+    if len(note_ids) <= BULK_LOOKUP:
+        return {note_id: digest for note_id in note_ids if (digest := docstore.get_document_hash(note_id))}
+    rows = docstore._kvstore.get_all(collection=docstore._metadata_collection)
+    return {note_id: str(row["doc_hash"]) for note_id in note_ids if (row := rows.get(note_id)) and row.get("doc_hash")}
 
 
 def drop_stored_texts(docstore: Any) -> int:
