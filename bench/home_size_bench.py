@@ -5,7 +5,7 @@ into a fresh home and prints the bytes of every store (docstore, manifest, Chrom
 figure to compare is the total at a given note count; the issue's 25,000 notes take ~25 min of fill here, so the
 default is 2,500 and the per-note figure scales (every note is the same size by construction).
 
-    nice -n 10 .venv/bin/python bench/home_size_bench.py --notes 2500 --out /tmp/brain-size
+    nice -n 10 .venv/bin/python bench/home_size_bench.py --notes 2500 --out /tmp/brain-size [--code ../before]
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ def main() -> None:
     parser.add_argument("--notes", type=int, default=2_500)
     parser.add_argument("--out", type=Path, default=Path("/tmp/brain-size"))
     parser.add_argument("--skip-sync", action="store_true", help="measure the home already under --out")
+    parser.add_argument("--code", type=Path, default=Path(__file__).resolve().parents[1],
+                        help="the checkout whose brain syncs (another worktree: a before/after pair)")
     args = parser.parse_args()
     home, vault = args.out / "home", args.out / "vault"
     if not args.skip_sync:
@@ -51,7 +53,7 @@ def main() -> None:
         (home / "config.toml").write_text('[embedding]\nmodel = "use-m3"\nsecond_model = ""\n', encoding="utf-8")
         started = time.monotonic()
         subprocess.run([sys.executable, "-m", "rag_app.shells.cli", "--home", str(home), "sync", "--vault", str(vault),
-                        "--no-progress"], check=True, stdout=subprocess.DEVNULL)
+                        "--no-progress"], check=True, stdout=subprocess.DEVNULL, cwd=args.code)
         print(f"synced {args.notes} notes in {time.monotonic() - started:.0f} s")
     sizes = store_sizes(home)
     total = sum(sizes.values())
@@ -60,7 +62,7 @@ def main() -> None:
     for name, size in sorted(sizes.items(), key=lambda kv: -kv[1]):
         print(f"  {name:<24} {size / 1e6:8.1f} MB  {size / args.notes / 1e3:6.1f} kB/note")
     print(f"home total: {total / 1e6:.1f} MB, {total / args.notes / 1e3:.1f} kB/note, "
-          f"{total / max(notes_bytes, 1):.1f}× the note files; at 25,000 notes ≈ {total / args.notes * 25:.0f} MB")
+          f"{total / max(notes_bytes, 1):.1f}× the note files; at 25,000 notes ≈ {total / args.notes * 25_000 / 1e6:.0f} MB")
 
 
 if __name__ == "__main__":

@@ -254,6 +254,13 @@ class Manifest:
         if renames:
             self.bump_generation()
 
+    def confirm_versions(self, hashes: dict[str, str]) -> None:
+        """The docstore found these notes unchanged: their chunks are of this version (the journal keeps the two in
+        step), so the index records it, and their signatures are trusted again."""
+        with self.transaction():
+            self.db.executemany("UPDATE notes SET hash = ? WHERE note_id = ? AND hash != ?",
+                                [(digest, note_id, digest) for note_id, digest in hashes.items()])
+
     def mark_pending(self, note_ids: list[str]) -> None:
         """Journal notes about to go through the ingestion pipeline: its docstore is written before their chunks are
         committed here, so a crash in between would leave the docstore holding a version the index lacks."""

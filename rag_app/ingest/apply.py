@@ -192,7 +192,9 @@ class Applier:
                 self.manifest.put_chunks(rows)
                 self.manifest.clear_pending(list(batch))
             self.written.update(ids)
-            self.kept.update(set(batch) - set(ids))
+            kept = [record for note_id, record in batch.items() if note_id not in by_note]
+            self.kept.update(record.id for record in kept)
+            self.manifest.confirm_versions({r.id: r.content_hash for r in kept})
             self.report.chunks_written += len(rows)
             self.report.deleted_chunks += sum(len(e.chunk_ids) for e in old.values())
             self.progress.advance(len(batch))

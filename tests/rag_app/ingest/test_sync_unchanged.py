@@ -93,8 +93,9 @@ def test_a_model_change_embeds_every_unchanged_file_with_the_new_model(home, mak
 
 
 def test_a_signature_is_trusted_only_while_the_index_entry_is_the_one_it_was_stored_with(home, make_vault, parsed):
-    """A note whose stored hash moved on is parsed and compared; one whose kept text is missing is parsed to restore
-    it (without re-embedding)."""
+    """A note whose stored hash moved on is parsed and offered: the docstore holds it unchanged, so nothing is chunked
+    and the index's record is put right; one whose kept text is missing is parsed to restore it (without
+    re-embedding)."""
     vault = make_vault(NOTES)
     sync(home, vault)
     sql(home, "UPDATE notes SET hash = 'not what the file gives' WHERE note_id = ?", "vault:notes/a.md")
@@ -102,10 +103,11 @@ def test_a_signature_is_trusted_only_while_the_index_entry_is_the_one_it_was_sto
     parsed.clear()
     report, source = sync(home, vault)
     assert sorted(parsed) == ["a.md", "b.md"]
-    assert (source.updated, source.unchanged) == (1, 2)
+    assert (source.updated, source.unchanged, report.chunks_written) == (0, 3, 0)
     manifest = Manifest(home / "index.sqlite")
     try:
         assert manifest.note_doc("vault:notes/b.md")[0] == "Beta is about compost."
+        assert manifest.entries()["vault:notes/a.md"].hash != "not what the file gives"
     finally:
         manifest.close()
     parsed.clear()
