@@ -61,8 +61,9 @@ def main() -> None:
     print(f"vault: {notes_bytes / 1e6:.1f} MB of note files")
     for name, size in sorted(sizes.items(), key=lambda kv: -kv[1]):
         print(f"  {name:<24} {size / 1e6:8.1f} MB  {size / args.notes / 1e3:6.1f} kB/note")
+    at_scale = total / args.notes * 25_000 / 1e6
     print(f"home total: {total / 1e6:.1f} MB, {total / args.notes / 1e3:.1f} kB/note, "
-          f"{total / max(notes_bytes, 1):.1f}× the note files; at 25,000 notes ≈ {total / args.notes * 25_000 / 1e6:.0f} MB")
+          f"{total / max(notes_bytes, 1):.1f}× the note files; at 25,000 notes ≈ {at_scale:.0f} MB")
 
 
 if __name__ == "__main__":

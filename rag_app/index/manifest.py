@@ -231,19 +231,16 @@ class Manifest:
         `remap` rewrites ids inside metadata (links, parent). A note whose stored hash is that of its stored text and
         metadata gets the hash of the remapped metadata, so the next listing, which carries the new ids, matches it.
         """
+        hashes = self.renamed_hashes(renames, remap)
         for old, new in renames.items():
-            row = self.db.execute("SELECT hash, chunk_ids FROM notes WHERE note_id = ?", (old,)).fetchone()
+            row = self.db.execute("SELECT chunk_ids FROM notes WHERE note_id = ?", (old,)).fetchone()
             if row is None:
                 continue
-            content_hash, chunk_ids = row[0], json.loads(row[1])
-            doc = self.db.execute("SELECT text, metadata FROM note_docs WHERE note_id = ?", (old,)).fetchone()
+            content_hash, chunk_ids = hashes[new], json.loads(row[0])
+            doc = self.db.execute("SELECT metadata FROM note_docs WHERE note_id = ?", (old,)).fetchone()
             if doc is not None:
-                old_meta = json.loads(doc[1])
-                new_meta = remap(old_meta)
-                if content_hash == NoteRecord(old, doc[0], old_meta).content_hash:
-                    content_hash = NoteRecord(new, doc[0], new_meta).content_hash
                 self.db.execute("UPDATE note_docs SET note_id = ?, metadata = ? WHERE note_id = ?",
-                                (new, json.dumps(new_meta, ensure_ascii=False), old))
+                                (new, json.dumps(remap(json.loads(doc[0])), ensure_ascii=False), old))
             self.db.execute("UPDATE notes SET note_id = ?, hash = ?, chunk_ids = ? WHERE note_id = ?",
                             (new, content_hash, json.dumps([new + c[len(old):] for c in chunk_ids]), old))
             chunks = self.db.execute("SELECT chunk_id, metadata FROM chunks WHERE note_id = ?", (old,)).fetchall()
@@ -253,6 +250,21 @@ class Manifest:
             )
         if renames:
             self.bump_generation()
+
+    def renamed_hashes(self, renames: dict[str, str], remap: Callable[[dict[str, Any]], dict[str, Any]]
+                       ) -> dict[str, str]:
+        """new id → the hash each note will have under it: a note whose stored hash is that of its stored text and
+        metadata gets the hash of the remapped metadata (the next listing carries the new ids); any other keeps its."""
+        out: dict[str, str] = {}
+        for old, new in renames.items():
+            row = self.db.execute("SELECT hash FROM notes WHERE note_id = ?", (old,)).fetchone()
+            if row is None:
+                continue
+            out[new] = row[0]
+            doc = self.db.execute("SELECT text, metadata FROM note_docs WHERE note_id = ?", (old,)).fetchone()
+            if doc is not None and row[0] == NoteRecord(old, doc[0], json.loads(doc[1])).content_hash:
+                out[new] = NoteRecord(new, doc[0], remap(json.loads(doc[1]))).content_hash
+        return out
 
     def confirm_versions(self, hashes: dict[str, str]) -> None:
         """The docstore found these notes unchanged: their chunks are of this version (the journal keeps the two in

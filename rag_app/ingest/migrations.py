@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+from functools import partial
 from typing import Any
 
 from rag_app.config import Settings
@@ -102,7 +103,8 @@ def namespace_memo_ids(settings: Settings, manifest: Manifest) -> None:
     """Once per home: ids of homes made before memo ids were namespaced by source (`memos:<uid>`, which let two
     servers' memos 1, 2, … overwrite each other) become `memos:<source>/<uid>`, vectors moved, nothing re-embedded.
 
-    Chroma first, then one manifest transaction with the flag: after a crash the next sync repeats it harmlessly."""
+    Chroma and the docstore first, then one manifest transaction with the flag: after a crash the next sync repeats
+    it harmlessly."""
     if manifest.get_meta("memo_ids") == MEMO_ID_SCHEME:
         return
     entries = {n: e for n, e in manifest.entries().items() if n.startswith("memos:")}
@@ -121,12 +123,28 @@ def namespace_memo_ids(settings: Settings, manifest: Manifest) -> None:
             for source, renames in by_source.items():
                 chunks = {c: new + c[len(old):] for old, new in renames.items() for c in entries[old].chunk_ids}
                 rename_chunks(collection, chunks, lambda meta, source=source: _remap_memo_ids(meta, source))
+        for source, renames in by_source.items():
+            remap = partial(_remap_memo_ids, source=source)
+            _rename_in_docstore(settings, renames, manifest.renamed_hashes(renames, remap))
     with manifest.transaction():
         for source, renames in by_source.items():
             manifest.rename_notes(renames, lambda meta, source=source: _remap_memo_ids(meta, source))
         manifest.set_meta("memo_ids", MEMO_ID_SCHEME)
     if entries:
         log.info("note ids of %d memos namespaced by source (no re-embedding)", len(entries))
+
+
+def _rename_in_docstore(settings: Settings, renames: dict[str, str], hashes: dict[str, str]) -> None:
+    """The docstore's hashes move to the new ids with their notes (it decides what changed by id), each the hash the
+    manifest gives the note under its new id. Repeated after a crash, it writes the same."""
+    from rag_app.index.docstore import close_docstore, forget_documents, open_docstore
+
+    docstore = open_docstore(settings)
+    try:
+        docstore.set_document_hashes(hashes)
+        forget_documents(docstore, [old for old, new in renames.items() if old != new])
+    finally:
+        close_docstore(docstore)
 
 
 def _old_memo_id_renamed(value: str, source: str) -> str:

@@ -187,8 +187,12 @@ def _sync_one(spec: SourceSpec, manifest: Manifest, applier: Applier, allow_dele
     result.skipped = listing.skipped
     for warning in listing.warnings:
         log.warning("%s: %s", spec.name, warning)
-    plan = make_plan(entries, listing.records, listing.kept_ids, applier.chunker_id,
-                     unchanged_ids=listing.unchanged_ids)
+    try:
+        reread = _held_unchanged(listing, entries, applier)
+    except StoreError as exc:  # the docstore cannot be read (a database down, a damaged file): nothing changed
+        return _store_failed(spec.name, manifest, result, exc)
+    plan = make_plan(entries, [r for r in listing.records if r.id not in reread], listing.kept_ids,
+                     applier.chunker_id, unchanged_ids=listing.unchanged_ids | reread)
     held = None if allow_deletes else _mass_delete(spec.name, len(entries), plan)
     if held:
         result.failed, result.error, result.deletes_held = True, held, len(plan.deleted)
@@ -230,6 +234,19 @@ def _source_failed(spec: SourceSpec, manifest: Manifest, result: SourceReport, e
     else:
         manifest.record_result(spec.name, asdict(result), succeeded=False)
     return result
+
+
+def _held_unchanged(listing: SourceListing, entries: Mapping[str, ManifestEntry], applier: Applier) -> set[str]:
+    """Notes read again with the same bytes (a note with a warning has no signature, so the reader parses it at
+    every sync, to repeat the warning) that the docstore holds under the hash they have: unchanged by the docstore's
+    own record, read by key without LlamaIndex, so a sync with no change loads none. Notes whose bytes changed go to
+    the pipeline, whose upserts decide; notes journaled by a sync that died are never taken as unchanged."""
+    candidates = [r for r in listing.records if r.id not in listing.signatures
+                  and (entry := entries.get(r.id)) is not None and entry.chunker == applier.chunker_id]
+    pending = set(applier.manifest.pending_notes()) if candidates else set()
+    candidates = [r for r in candidates if r.id not in pending]
+    held = applier.stored_hashes([r.id for r in candidates])
+    return {r.id for r in candidates if held.get(r.id) == r.content_hash}
 
 
 def _count_done(result: SourceReport, plan: Plan, applier: Applier) -> None:

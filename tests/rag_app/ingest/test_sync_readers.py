@@ -36,17 +36,21 @@ def memos(monkeypatch: pytest.MonkeyPatch) -> Iterator[MemosDouble]:
         yield double
 
 
-def docstore_documents(home: Path) -> dict[str, tuple[str, dict[str, Any]]]:
-    """note id → (text, metadata) of every indexed note, as the sync's docstore holds its Document."""
+def indexed_documents(home: Path) -> dict[str, tuple[str, dict[str, Any], str]]:
+    """note id → (text, metadata, hash) of every indexed note: the text and metadata as the manifest keeps them (their
+    one owner), the hash as the sync's docstore holds it (what its upserts decide by)."""
     manifest = Manifest(home / "index.sqlite")
-    ids = sorted(manifest.entries())
-    manifest.close()
+    try:
+        kept = {note_id: manifest.note_doc(note_id) for note_id in sorted(manifest.entries())}
+    finally:
+        manifest.close()
     docstore = open_docstore(load_settings(home))
-    return {note_id: (doc.text, doc.metadata) for note_id in ids for doc in (docstore.get_document(note_id),)}
+    return {note_id: (text, metadata, docstore.get_document_hash(note_id))
+            for note_id, (text, metadata) in kept.items()}
 
 
-def reader_documents(documents: list[Any]) -> dict[str, tuple[str, dict[str, Any]]]:
-    return {doc.id_: (doc.text, doc.metadata) for doc in documents}
+def reader_documents(documents: list[Any]) -> dict[str, tuple[str, dict[str, Any], str]]:
+    return {doc.id_: (doc.text, doc.metadata, doc.hash) for doc in documents}
 
 
 def test_a_vault_sync_stores_exactly_the_documents_the_vault_reader_yields(home: Path, make_vault) -> None:
@@ -54,17 +58,17 @@ def test_a_vault_sync_stores_exactly_the_documents_the_vault_reader_yields(home:
     after an edit."""
     vault = make_vault(NOTES, name="garden")
     Brain(home).sync(vaults=(str(vault),))
-    assert docstore_documents(home) == reader_documents(VaultReader(vault).load_data())
+    assert indexed_documents(home) == reader_documents(VaultReader(vault).load_data())
     (vault / "c.md").write_text("Watering schedules in winter.", encoding="utf-8")
     assert Brain(home).sync(vaults=(str(vault),)).sources[0].updated == 1
-    assert docstore_documents(home) == reader_documents(VaultReader(vault).load_data())
+    assert indexed_documents(home) == reader_documents(VaultReader(vault).load_data())
 
 
 def test_a_memos_sync_stores_exactly_the_documents_the_memos_reader_yields(home: Path, memos: MemosDouble) -> None:
     source = Brain(home).sync(memos=(memos.url,)).sources[0]
     assert source.added > 5
     documents = MemosReader(memos.url, token=TOKEN, source=source.name).load_data()
-    assert docstore_documents(home) == reader_documents(documents)
+    assert indexed_documents(home) == reader_documents(documents)
 
 
 def test_the_documents_a_sync_chunks_come_through_the_readers_lazy_load_data(
@@ -72,20 +76,24 @@ def test_the_documents_a_sync_chunks_come_through_the_readers_lazy_load_data(
     """A reader whose `lazy_load_data` marks its Documents: every note the sync indexed carries the mark, and the
     reader was handed the sync's own listing (it does not list again)."""
     calls: list[Any] = []
+    yielded: list[Any] = []
     original = VaultReader.lazy_load_data
 
     def marking(reader: VaultReader, *args: Any, **kwargs: Any) -> Iterator[Any]:
         calls.append(kwargs.get("listing"))
         for document in original(reader, *args, **kwargs):
             document.metadata["read_by"] = type(reader).__name__
+            yielded.append(document)
             yield document
 
     monkeypatch.setattr(VaultReader, "lazy_load_data", marking)
     vault = make_vault(NOTES)
     Brain(home).sync(vaults=(str(vault),))
     assert len(calls) == 1 and calls[0] is not None and len(calls[0].records) == 3
-    assert {note_id: meta["read_by"] for note_id, (_, meta) in docstore_documents(home).items()} == {
-        "vault:notes/a.md": "VaultReader", "vault:notes/sub/b.md": "VaultReader", "vault:notes/c.md": "VaultReader"}
+    assert {d.id_ for d in yielded} == {"vault:notes/a.md", "vault:notes/sub/b.md", "vault:notes/c.md"}
+    # the docstore decided on the marked Documents themselves: their hash covers the mark
+    assert {note_id: digest for note_id, (_, _, digest) in indexed_documents(home).items()} == {
+        d.id_: d.hash for d in yielded}
 
 
 def test_a_changed_memo_is_read_from_the_server_once(home: Path, memos: MemosDouble) -> None:
