@@ -350,12 +350,12 @@ def _fit(block: _Block, terms: list[str], limit: int, prefer: str | None = None)
 
 
 def _units(block: _Block) -> list[str]:
-    """The lines of a block that may answer on their own: a table's body rows, a paragraph's sentences, an item or a
-    code block whole."""
+    """The lines of a block that may answer on their own: a table's body rows, a paragraph's sentences (a short
+    paragraph's too: its meaning is read per sentence), an item or a code block whole."""
     if block.kind == "table":
         has_rule = len(block.lines) > 1 and _TABLE_RULE.match(block.lines[1])
         return block.lines[2:] if has_rule else block.lines
-    if block.kind == "text" and len(block.text) > PASSAGE_CHARS // 2:
+    if block.kind == "text":
         return sentences(block.text)
     return [block.text]
 

@@ -10,6 +10,7 @@ how many or when, by holding a number. Measured by bench/answer_lines.py (docs/r
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,8 +21,16 @@ NUMBER_BONUS = 0.3  # for a line with a digit when the question asks for an amou
 MAX_UNITS = 200  # lines of one note compared by meaning; a longer note's lines are cut by their words first
 
 _ASKS_AMOUNT = re.compile(r"多少|几|多久|多大|多远|多重|多长|多高|什么时候|哪年|哪天|\bhow (?:much|many|far|long|big|"
-                          r"heavy|old|often)\b|\bwhat time\b|\bwhen\b", re.IGNORECASE)
-_DIGIT = re.compile(r"\d")
+                          r"heavy|old|often)\b|\bwhat time\b|^\W*when\b", re.IGNORECASE)  # "when" opening it, not "… when x"
+_HOW_WORD = re.compile(r"\bhow\s+([a-z]+)", re.IGNORECASE)  # "how much": says what is asked, not what about
+# A number: digits (not a list item's own number), a Chinese numeral with its unit (十点, 半勺, 两三个; not a lone 一:
+# 一点 is "a little"), or an English number word (tens, hundreds).
+_LIST_MARK = re.compile(r"^\s*(?:[-*+]\s+|\d{1,3}[.)、]\s*)")
+_NUMBER = re.compile(
+    r"\d|(?:[零一二两三四五六七八九十百千万亿半]{2,}|[零二两三四五六七八九十百千万亿半])\s*(?:个|点|分|秒|天|日|周|星期|月|年|次|遍|"
+    r"张|本|杯|勺|克|斤|块|元|岁|度|公里|里|米|小时|钟|倍|成|层|页|人|份|碗|瓶|罐|台|部|件|条|种|家|号|晚|站|趟|顿)|"
+    r"\b(?:two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|twenty|thirty|forty|fifty|sixty|seventy|eighty|"
+    r"ninety|hundreds?|thousands?|millions?|billions?|dozens?|tens|half)\b", re.IGNORECASE)
 _TAGS_ONLY = re.compile(r"^\s*(?:#[^\s#]+\s*)+$")
 _SENTENCE = re.compile(r".+?(?:[。！？!?；;]+|\.(?=\s)|$)\s*", re.DOTALL)
 
@@ -45,15 +54,16 @@ class LineScorer:
                      similarity: Callable[[list[str]], list[float] | None] | None = None) -> LineScorer:
         from rag_app.index.keyword import is_question_word, tokenize
 
-        terms = [t for t in dict.fromkeys(tokenize(question)) if not is_question_word(t)]
+        asking = {t for word in _HOW_WORD.findall(question) for t in tokenize(word)}
+        terms = [t for t in dict.fromkeys(tokenize(question)) if not is_question_word(t) and t not in asking]
         return cls(terms, {t: idf(t) or 0.0 for t in terms}, bool(_ASKS_AMOUNT.search(question)), similarity)
 
     def scores(self, units: list[tuple[str, str]], title: str) -> list[float]:
         """One score per (section, text) unit: the higher, the more likely the line answers."""
         from rag_app.index.keyword import tokenize
 
-        in_title = set(tokenize(title))
-        words = [self._words(set(tokenize(text)), set(tokenize(section)), in_title) for section, text in units]
+        in_title = _Text(title)
+        words = [self._words(_Text(text), _Text(section), in_title) for section, text in units]
         best = max(words, default=0.0) or 1.0
         scores = [w / best for w in words]
         if self.similarity is not None and units:
@@ -63,15 +73,32 @@ class LineScorer:
             for k, cosine in zip(ranked, cosines or [], strict=False):
                 scores[k] += MEANING_WEIGHT * cosine
         for k, (_, text) in enumerate(units):
-            if self.asks_amount and _DIGIT.search(text):
+            if self.asks_amount and _NUMBER.search(_LIST_MARK.sub("", text)):
                 scores[k] += NUMBER_BONUS
             if _TAGS_ONLY.match(text):
                 scores[k] = float("-inf")
         return scores
 
-    def _words(self, line: set[str], section: set[str], title: set[str]) -> float:
+    def _words(self, line: _Text, section: _Text, title: _Text) -> float:
         total = 0.0
         for term in self.terms:
             weight = self.weights[term] * (TITLE_DISCOUNT if term in title else 1.0)
             total += weight if term in line else SECTION_SHARE * weight if term in section else 0.0
         return total
+
+
+_HAN_TERM = re.compile(r"^[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+$")
+
+
+class _Text:
+    """A line as the scorer reads it: its tokens, and its folded text, in which a Chinese word is looked up as written
+    (jieba cuts the same characters differently by context: 看完 in the question, 看完想 in the line)."""
+
+    def __init__(self, text: str) -> None:
+        from rag_app.index.keyword import to_simplified, tokenize
+
+        self.tokens = set(tokenize(text))
+        self.folded = to_simplified(unicodedata.normalize("NFKC", text).lower())
+
+    def __contains__(self, term: str) -> bool:
+        return term in self.tokens or (_HAN_TERM.match(term) is not None and term in self.folded)
