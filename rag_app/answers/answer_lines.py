@@ -17,11 +17,20 @@ from dataclasses import dataclass
 TITLE_DISCOUNT = 0.3  # a question word that is in the title says which note, not which line
 SECTION_SHARE = 0.5  # a word in the line's section heading counts half
 MEANING_WEIGHT = 1.0  # the cosine's weight beside the words' (normalised to the best line's)
-NUMBER_BONUS = 0.3  # for a line with a digit when the question asks for an amount or a time
+OTHER_LANGUAGE = 2.0  # the cosine's weight is doubled when question and note are in different languages
+FOCUS_WEIGHT = 2.0  # the words a question asks about: 糖 in 放多少糖, memory in "how much Redis memory"
+NUMBER_BONUS = 0.3  # for a line with a number when the question asks for an amount or a time
 MAX_UNITS = 200  # lines of one note compared by meaning; a longer note's lines are cut by their words first
 
+# "when" opening the question, not "… when the tab bar is full"
 _ASKS_AMOUNT = re.compile(r"多少|几|多久|多大|多远|多重|多长|多高|什么时候|哪年|哪天|\bhow (?:much|many|far|long|big|"
-                          r"heavy|old|often)\b|\bwhat time\b|^\W*when\b", re.IGNORECASE)  # "when" opening it, not "… when x"
+                          r"heavy|old|often)\b|\bwhat time\b|^\W*when\b", re.IGNORECASE)
+# What an amount question measures: the words right after 多少 / 几 / how much / how many (放多少糖 → 糖, "how much
+# Redis memory will" → Redis memory). Not after 哪部 / which: the line that answers names the thing (《步履不停》),
+# rarely its kind (片子).
+_FOCUS_ZH = re.compile(r"(?:多少|几)[个种部本家位次张条件]?([\u4e00-\u9fff]+)")
+_FOCUS_EN = re.compile(r"\bhow (?:much|many)\s+"
+                       r"([a-z0-9][\w-]*(?:\s+[a-z0-9][\w-]*)?)", re.IGNORECASE)
 _HOW_WORD = re.compile(r"\bhow\s+([a-z]+)", re.IGNORECASE)  # "how much": says what is asked, not what about
 # A number: digits (not a list item's own number), a Chinese numeral with its unit (十点, 半勺, 两三个; not a lone 一:
 # 一点 is "a little"), or an English number word (tens, hundreds).
@@ -40,6 +49,12 @@ def sentences(text: str) -> list[str]:
     return [s for s in _SENTENCE.findall(text) if s.strip()] or [text]
 
 
+def line_sentences(text: str) -> list[str]:
+    """A paragraph's lines (Obsidian shows each line of a paragraph on its own), each cut into its sentences; joined,
+    they give the paragraph back."""
+    return [s for line in text.splitlines(keepends=True) for s in sentences(line)]
+
+
 @dataclass
 class LineScorer:
     """Scores candidate lines for one question; `similarity` gives the fast model's cosines (None without it)."""
@@ -48,6 +63,7 @@ class LineScorer:
     weights: dict[str, float]
     asks_amount: bool
     similarity: Callable[[list[str]], list[float] | None] | None = None
+    han: bool | None = None
 
     @classmethod
     def for_question(cls, question: str, idf: Callable[[str], float | None],
@@ -56,22 +72,28 @@ class LineScorer:
 
         asking = {t for word in _HOW_WORD.findall(question) for t in tokenize(word)}
         terms = [t for t in dict.fromkeys(tokenize(question)) if not is_question_word(t) and t not in asking]
-        return cls(terms, {t: idf(t) or 0.0 for t in terms}, bool(_ASKS_AMOUNT.search(question)), similarity)
+        weights = {t: idf(t) or 0.0 for t in terms}
+        for t in _focus(question):
+            if t in weights:
+                weights[t] *= FOCUS_WEIGHT
+        return cls(terms, weights, bool(_ASKS_AMOUNT.search(question)), similarity, _is_han(question))
 
     def scores(self, units: list[tuple[str, str]], title: str) -> list[float]:
         """One score per (section, text) unit: the higher, the more likely the line answers."""
-        from rag_app.index.keyword import tokenize
-
         in_title = _Text(title)
-        words = [self._words(_Text(text), _Text(section), in_title) for section, text in units]
+        sections = {section: _Text(section) for section, _ in units}
+        words = [self._words(_Text(text), sections[section], in_title) for section, text in units]
         best = max(words, default=0.0) or 1.0
         scores = [w / best for w in words]
         if self.similarity is not None and units:
             ranked = sorted(range(len(units)), key=lambda k: -scores[k])[:MAX_UNITS]
             cosines = self.similarity([units[k][1] if units[k][0] in ("", title) else f"{units[k][0]} {units[k][1]}"
                                        for k in ranked])  # the title is every line's: it would favour the first
+            weight = MEANING_WEIGHT
+            if self.han is not None and _is_han("".join(text for _, text in units)) != self.han:
+                weight *= OTHER_LANGUAGE  # its words can hardly be the note's: what a line means is what is left
             for k, cosine in zip(ranked, cosines or [], strict=False):
-                scores[k] += MEANING_WEIGHT * cosine
+                scores[k] += weight * cosine
         for k, (_, text) in enumerate(units):
             if self.asks_amount and _NUMBER.search(_LIST_MARK.sub("", text)):
                 scores[k] += NUMBER_BONUS
@@ -85,6 +107,30 @@ class LineScorer:
             weight = self.weights[term] * (TITLE_DISCOUNT if term in title else 1.0)
             total += weight if term in line else SECTION_SHARE * weight if term in section else 0.0
         return total
+
+
+def _is_han(text: str) -> bool:
+    han = len(_HAN_CHAR.findall(text))
+    return han >= 0.3 * (han + len(_LATIN_LETTER.findall(text)))
+
+
+_HAN_CHAR = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+_LATIN_LETTER = re.compile(r"[A-Za-z]")
+
+
+def _focus(question: str) -> set[str]:
+    """The tokens of what the question asks about: the first word after a Chinese question word, the first one or two
+    after an English one (up to a stop word)."""
+    from rag_app.index.keyword import EN_STOPWORDS, tokenize
+
+    found: set[str] = set()
+    for run in _FOCUS_ZH.findall(question):
+        found.update(tokenize(run)[:1])
+    for phrase in _FOCUS_EN.findall(question):
+        words = phrase.split()
+        kept = words[:1] + [w for w in words[1:2] if w.lower() not in EN_STOPWORDS]
+        found.update(t for w in kept for t in tokenize(w))
+    return found
 
 
 _HAN_TERM = re.compile(r"^[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+$")
