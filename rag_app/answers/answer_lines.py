@@ -71,7 +71,8 @@ class LineScorer:
         from rag_app.index.keyword import is_question_word, tokenize
 
         asking = {t for word in _HOW_WORD.findall(question) for t in tokenize(word)}
-        terms = [t for t in dict.fromkeys(tokenize(question)) if not is_question_word(t) and t not in asking]
+        terms = [t for t in dict.fromkeys(_base(t) for t in tokenize(question))
+                 if not is_question_word(t) and t not in asking]
         weights = {t: idf(t) or 0.0 for t in terms}
         for t in _focus(question):
             if t in weights:
@@ -133,6 +134,24 @@ def _focus(question: str) -> set[str]:
     return found
 
 
+# English verbs whose past the stemmer leaves alone: "how far did I run" is answered by "Ran 3 times this week" (a
+# journal says what was done). Forms that are also other words (left, saw, felt, lay) are not in it.
+_IRREGULAR = dict(pair.split(":") for pair in (
+    "ran:run went:go gone:go ate:eat eaten:eat bought:buy took:take taken:take wrote:write written:write found:find "
+    "gave:give given:give got:get gotten:get made:make said:say thought:think told:tell came:come knew:know "
+    "known:know kept:keep met:meet paid:pay sent:send spent:spend slept:sleep built:build brought:bring began:begin "
+    "begun:begin broke:break broken:break chose:choos chosen:choos drove:drive driven:drive drank:drink drunk:drink "
+    "flew:fli flown:fli forgot:forget forgotten:forget grew:grow grown:grow held:hold lost:lose rode:ride "
+    "ridden:ride sold:sell stood:stand swam:swim taught:teach understood:understand woke:wake won:win wore:wear "
+    "worn:wear seen:see did:do done:do sang:sing sung:sing spoke:speak spoken:speak sat:sit caught:catch "
+    "fought:fight heard:hear led:lead lent:lend meant:mean shot:shoot shut:shut threw:throw thrown:throw "
+    "tried:tri fed:feed").split())
+
+
+def _base(token: str) -> str:
+    return _IRREGULAR.get(token, token)
+
+
 _HAN_TERM = re.compile(r"^[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+$")
 
 
@@ -143,7 +162,7 @@ class _Text:
     def __init__(self, text: str) -> None:
         from rag_app.index.keyword import to_simplified, tokenize
 
-        self.tokens = set(tokenize(text))
+        self.tokens = {_base(t) for t in tokenize(text)}
         self.folded = to_simplified(unicodedata.normalize("NFKC", text).lower())
 
     def __contains__(self, term: str) -> bool:
