@@ -1,10 +1,12 @@
 """Which line of a note answers the question: an extractive answer shows that line, not the best chunk's start.
 
-Every line of the note is a candidate (a list item, a table row, a sentence of a paragraph, a code block whole) and is
-scored by the question's words that it holds, each weighted by how rare it is in the home (BM25's IDF: "手冲" is in
-many notes, "水温" in one) and discounted when it is in the note's title (every line of the note is about that), by
-its meaning (the fast model's cosine to the question, when the home has it), and, when the question asks how much,
-how many or when, by holding a number. Measured by bench/answer_lines.py (docs/retrieval.md).
+Every line of the note is a candidate (a list item, a table row, each sentence of a paragraph's lines, a code block
+whole) and is scored by the question's words that it holds, each weighted by how rare it is in the home (BM25's IDF:
+"手冲" is in many notes, "水温" in one), discounted when it is in the note's title (every line of the note is about
+that) and doubled when an amount question measures it (放多少糖 → 糖); by its meaning (the fast model's cosine to the
+question, when the home has it, weighed up when question and note are in different languages); and, when the
+question asks how much, how many, when or what time, by holding a number (digits, 十点, 半勺, tens). Measured by
+bench/answer_lines.py (docs/retrieval.md).
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ class LineScorer:
     weights: dict[str, float]
     asks_amount: bool
     similarity: Callable[[list[str]], list[float] | None] | None = None
-    han: bool | None = None
+    han: bool | None = None  # the question is Chinese (None: not known)
 
     @classmethod
     def for_question(cls, question: str, idf: Callable[[str], float | None],
@@ -111,6 +113,7 @@ class LineScorer:
 
 
 def _is_han(text: str) -> bool:
+    """Chinese: Han characters are at least 30 % of the letters."""
     han = len(_HAN_CHAR.findall(text))
     return han >= 0.3 * (han + len(_LATIN_LETTER.findall(text)))
 
