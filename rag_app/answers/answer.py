@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rag_app.answers.answer_lines import LineScorer, sentences
+from rag_app.answers.answer_lines import LineScorer, line_sentences
 from rag_app.answers.code_spans import as_written, split_code
 from rag_app.config import LLMSection
 
@@ -321,7 +321,7 @@ def _fit_table(block: _Block, terms: list[str], limit: int, prefer: str | None =
 def _fit_text(text: str, terms: list[str], limit: int, prefer: str | None = None) -> str:
     """A paragraph or item longer than `limit`, cut on sentence ends around the answering sentence (else the first
     matching one)."""
-    pieces = sentences(text)
+    pieces = line_sentences(text)
     first = next((k for k, s in enumerate(pieces) if prefer is not None and s.strip() == prefer.strip()), None)
     if first is None:
         first = next((k for k, s in enumerate(pieces) if _hits(s, terms)), 0)
@@ -350,13 +350,13 @@ def _fit(block: _Block, terms: list[str], limit: int, prefer: str | None = None)
 
 
 def _units(block: _Block) -> list[str]:
-    """The lines of a block that may answer on their own: a table's body rows, a paragraph's sentences, an item or a
-    code block whole."""
+    """The lines of a block that may answer on their own: a table's body rows, each sentence of each line of a
+    paragraph (a short one's too: its meaning is read per sentence), an item or a code block whole."""
     if block.kind == "table":
         has_rule = len(block.lines) > 1 and _TABLE_RULE.match(block.lines[1])
         return block.lines[2:] if has_rule else block.lines
-    if block.kind == "text" and len(block.text) > PASSAGE_CHARS // 2:
-        return sentences(block.text)
+    if block.kind == "text":
+        return [s.strip() for s in line_sentences(block.text)]
     return [block.text]
 
 

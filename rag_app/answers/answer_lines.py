@@ -1,27 +1,47 @@
 """Which line of a note answers the question: an extractive answer shows that line, not the best chunk's start.
 
-Every line of the note is a candidate (a list item, a table row, a sentence of a paragraph, a code block whole) and is
-scored by the question's words that it holds, each weighted by how rare it is in the home (BM25's IDF: "手冲" is in
-many notes, "水温" in one) and discounted when it is in the note's title (every line of the note is about that), by
-its meaning (the fast model's cosine to the question, when the home has it), and, when the question asks how much,
-how many or when, by holding a number. Measured by bench/answer_lines.py (docs/retrieval.md).
+Every line of the note is a candidate (a list item, a table row, each sentence of a paragraph's lines, a code block
+whole) and is scored by the question's words that it holds, each weighted by how rare it is in the home (BM25's IDF:
+"手冲" is in many notes, "水温" in one), discounted when it is in the note's title (every line of the note is about
+that) and doubled when an amount question measures it (放多少糖 → 糖); by its meaning (the fast model's cosine to the
+question, when the home has it, weighed up when question and note are in different languages); and, when the
+question asks how much, how many, when or what time, by holding a number (digits, 十点, 半勺, tens). Measured by
+bench/answer_lines.py (docs/retrieval.md).
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 
 TITLE_DISCOUNT = 0.3  # a question word that is in the title says which note, not which line
 SECTION_SHARE = 0.5  # a word in the line's section heading counts half
 MEANING_WEIGHT = 1.0  # the cosine's weight beside the words' (normalised to the best line's)
-NUMBER_BONUS = 0.3  # for a line with a digit when the question asks for an amount or a time
+OTHER_LANGUAGE = 2.0  # the cosine's weight is doubled when question and note are in different languages
+FOCUS_WEIGHT = 2.0  # the words a question asks about: 糖 in 放多少糖, memory in "how much Redis memory"
+NUMBER_BONUS = 0.3  # for a line with a number when the question asks for an amount or a time
 MAX_UNITS = 200  # lines of one note compared by meaning; a longer note's lines are cut by their words first
 
+# "when" opening the question, not "… when the tab bar is full"
 _ASKS_AMOUNT = re.compile(r"多少|几|多久|多大|多远|多重|多长|多高|什么时候|哪年|哪天|\bhow (?:much|many|far|long|big|"
-                          r"heavy|old|often)\b|\bwhat time\b|\bwhen\b", re.IGNORECASE)
-_DIGIT = re.compile(r"\d")
+                          r"heavy|old|often)\b|\bwhat time\b|^\W*when\b", re.IGNORECASE)
+# What an amount question measures: the words right after 多少 / 几 / how much / how many (放多少糖 → 糖, "how much
+# Redis memory will" → Redis memory). Not after 哪部 / which: the line that answers names the thing (《步履不停》),
+# rarely its kind (片子).
+_FOCUS_ZH = re.compile(r"(?:多少|几)[个种部本家位次张条件]?([\u4e00-\u9fff]+)")
+_FOCUS_EN = re.compile(r"\bhow (?:much|many)\s+"
+                       r"([a-z0-9][\w-]*(?:\s+[a-z0-9][\w-]*)?)", re.IGNORECASE)
+_HOW_WORD = re.compile(r"\bhow\s+([a-z]+)", re.IGNORECASE)  # "how much": says what is asked, not what about
+# A number: digits (not a list item's own number), a Chinese numeral with its unit (十点, 半勺, 两三个; not a lone 一:
+# 一点 is "a little"), or an English number word (tens, hundreds).
+_LIST_MARK = re.compile(r"^\s*(?:[-*+]\s+|\d{1,3}[.)、]\s*)")
+_NUMBER = re.compile(
+    r"\d|(?:[零一二两三四五六七八九十百千万亿半]{2,}|[零二两三四五六七八九十百千万亿半])\s*(?:个|点|分|秒|天|日|周|星期|月|年|次|遍|"
+    r"张|本|杯|勺|克|斤|块|元|岁|度|公里|里|米|小时|钟|倍|成|层|页|人|份|碗|瓶|罐|台|部|件|条|种|家|号|晚|站|趟|顿)|"
+    r"\b(?:two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|twenty|thirty|forty|fifty|sixty|seventy|eighty|"
+    r"ninety|hundreds?|thousands?|millions?|billions?|dozens?|tens|half)\b", re.IGNORECASE)
 _TAGS_ONLY = re.compile(r"^\s*(?:#[^\s#]+\s*)+$")
 _SENTENCE = re.compile(r".+?(?:[。！？!?；;]+|\.(?=\s)|$)\s*", re.DOTALL)
 
@@ -29,6 +49,12 @@ _SENTENCE = re.compile(r".+?(?:[。！？!?；;]+|\.(?=\s)|$)\s*", re.DOTALL)
 def sentences(text: str) -> list[str]:
     """A paragraph's sentences, cut after 。！？!?；; and after a period that ends a word (not in 4.5 or v1.2)."""
     return [s for s in _SENTENCE.findall(text) if s.strip()] or [text]
+
+
+def line_sentences(text: str) -> list[str]:
+    """A paragraph's lines (Obsidian shows each line of a paragraph on its own), each cut into its sentences; joined,
+    they give the paragraph back."""
+    return [s for line in text.splitlines(keepends=True) for s in sentences(line)]
 
 
 @dataclass
@@ -39,39 +65,108 @@ class LineScorer:
     weights: dict[str, float]
     asks_amount: bool
     similarity: Callable[[list[str]], list[float] | None] | None = None
+    han: bool | None = None  # the question is Chinese (None: not known)
 
     @classmethod
     def for_question(cls, question: str, idf: Callable[[str], float | None],
                      similarity: Callable[[list[str]], list[float] | None] | None = None) -> LineScorer:
         from rag_app.index.keyword import is_question_word, tokenize
 
-        terms = [t for t in dict.fromkeys(tokenize(question)) if not is_question_word(t)]
-        return cls(terms, {t: idf(t) or 0.0 for t in terms}, bool(_ASKS_AMOUNT.search(question)), similarity)
+        asking = {t for word in _HOW_WORD.findall(question) for t in tokenize(word)}
+        terms = [t for t in dict.fromkeys(_base(t) for t in tokenize(question))
+                 if not is_question_word(t) and t not in asking]
+        weights = {t: idf(t) or 0.0 for t in terms}
+        for t in _focus(question):
+            if t in weights:
+                weights[t] *= FOCUS_WEIGHT
+        return cls(terms, weights, bool(_ASKS_AMOUNT.search(question)), similarity, _is_han(question))
 
     def scores(self, units: list[tuple[str, str]], title: str) -> list[float]:
         """One score per (section, text) unit: the higher, the more likely the line answers."""
-        from rag_app.index.keyword import tokenize
-
-        in_title = set(tokenize(title))
-        words = [self._words(set(tokenize(text)), set(tokenize(section)), in_title) for section, text in units]
+        in_title = _Text(title)
+        sections = {section: _Text(section) for section, _ in units}
+        words = [self._words(_Text(text), sections[section], in_title) for section, text in units]
         best = max(words, default=0.0) or 1.0
         scores = [w / best for w in words]
         if self.similarity is not None and units:
             ranked = sorted(range(len(units)), key=lambda k: -scores[k])[:MAX_UNITS]
             cosines = self.similarity([units[k][1] if units[k][0] in ("", title) else f"{units[k][0]} {units[k][1]}"
                                        for k in ranked])  # the title is every line's: it would favour the first
+            weight = MEANING_WEIGHT
+            if self.han is not None and _is_han("".join(text for _, text in units)) != self.han:
+                weight *= OTHER_LANGUAGE  # its words can hardly be the note's: what a line means is what is left
             for k, cosine in zip(ranked, cosines or [], strict=False):
-                scores[k] += MEANING_WEIGHT * cosine
+                scores[k] += weight * cosine
         for k, (_, text) in enumerate(units):
-            if self.asks_amount and _DIGIT.search(text):
+            if self.asks_amount and _NUMBER.search(_LIST_MARK.sub("", text)):
                 scores[k] += NUMBER_BONUS
             if _TAGS_ONLY.match(text):
                 scores[k] = float("-inf")
         return scores
 
-    def _words(self, line: set[str], section: set[str], title: set[str]) -> float:
+    def _words(self, line: _Text, section: _Text, title: _Text) -> float:
         total = 0.0
         for term in self.terms:
             weight = self.weights[term] * (TITLE_DISCOUNT if term in title else 1.0)
             total += weight if term in line else SECTION_SHARE * weight if term in section else 0.0
         return total
+
+
+def _is_han(text: str) -> bool:
+    """Chinese: Han characters are at least 30 % of the letters."""
+    han = len(_HAN_CHAR.findall(text))
+    return han >= 0.3 * (han + len(_LATIN_LETTER.findall(text)))
+
+
+_HAN_CHAR = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+_LATIN_LETTER = re.compile(r"[A-Za-z]")
+
+
+def _focus(question: str) -> set[str]:
+    """The tokens of what the question asks about: the first word after a Chinese question word, the first one or two
+    after an English one (up to a stop word)."""
+    from rag_app.index.keyword import EN_STOPWORDS, tokenize
+
+    found: set[str] = set()
+    for run in _FOCUS_ZH.findall(question):
+        found.update(tokenize(run)[:1])
+    for phrase in _FOCUS_EN.findall(question):
+        words = phrase.split()
+        kept = words[:1] + [w for w in words[1:2] if w.lower() not in EN_STOPWORDS]
+        found.update(t for w in kept for t in tokenize(w))
+    return found
+
+
+# English verbs whose past the stemmer leaves alone: "how far did I run" is answered by "Ran 3 times this week" (a
+# journal says what was done). Forms that are also other words (left, saw, felt, lay) are not in it.
+_IRREGULAR = dict(pair.split(":") for pair in (
+    "ran:run went:go gone:go ate:eat eaten:eat bought:buy took:take taken:take wrote:write written:write found:find "
+    "gave:give given:give got:get gotten:get made:make said:say thought:think told:tell came:come knew:know "
+    "known:know kept:keep met:meet paid:pay sent:send spent:spend slept:sleep built:build brought:bring began:begin "
+    "begun:begin broke:break broken:break chose:choos chosen:choos drove:drive driven:drive drank:drink drunk:drink "
+    "flew:fli flown:fli forgot:forget forgotten:forget grew:grow grown:grow held:hold lost:lose rode:ride "
+    "ridden:ride sold:sell stood:stand swam:swim taught:teach understood:understand woke:wake won:win wore:wear "
+    "worn:wear seen:see did:do done:do sang:sing sung:sing spoke:speak spoken:speak sat:sit caught:catch "
+    "fought:fight heard:hear led:lead lent:lend meant:mean shot:shoot shut:shut threw:throw thrown:throw "
+    "tried:tri fed:feed").split())
+
+
+def _base(token: str) -> str:
+    return _IRREGULAR.get(token, token)
+
+
+_HAN_TERM = re.compile(r"^[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+$")
+
+
+class _Text:
+    """A line as the scorer reads it: its tokens, and its folded text, in which a Chinese word is looked up as written
+    (jieba cuts the same characters differently by context: 看完 in the question, 看完想 in the line)."""
+
+    def __init__(self, text: str) -> None:
+        from rag_app.index.keyword import to_simplified, tokenize
+
+        self.tokens = {_base(t) for t in tokenize(text)}
+        self.folded = to_simplified(unicodedata.normalize("NFKC", text).lower())
+
+    def __contains__(self, term: str) -> bool:
+        return term in self.tokens or (_HAN_TERM.match(term) is not None and term in self.folded)
