@@ -31,26 +31,28 @@ log = logging.getLogger(__name__)
 TOPIC_MODEL = FAST_EMBEDDING
 TOPICS_GENERATION = "topics_generation"  # meta: the index generation whose topics all have vectors
 MAX_TOPIC_CHARS = 120  # a "heading" longer than this is a sentence, not a name
+MAX_NOTE_TOPICS = 64  # names one chunk gives its note (the sample vault's most: 9)
 LAZY_LIMIT = 256  # topics a search embeds itself when a sync has not (an older home): the rest wait for the next sync
 HEADING_PARTS = " › "
 _HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", re.MULTILINE)
 
 
 def topics_of(meta: dict[str, object], text: str = "") -> list[str]:
-    """A chunk's names for its note: title, aliases, tags, its heading's last part (the title is its first) and the
-    headings inside its text (a short note is one chunk under its first heading)."""
+    """A chunk's names for its note: title, its heading's last part (the title is its first), the headings inside its
+    text (a short note is one chunk under its first heading), aliases, tags; at most `MAX_NOTE_TOPICS`, in that
+    order (a note with 20,000 tags would otherwise cost 20 minutes of embedding, and no person names a note so)."""
     names = [str(meta.get("title") or "")]
+    heading = str(meta.get("heading") or "")
+    if heading:
+        names.append(heading.rsplit(HEADING_PARTS, 1)[-1])
+    names += _HEADING.findall(text)
     for key in ("aliases", "tags"):
         value = meta.get(key)
         try:
             names += [str(v) for v in (json.loads(value) if isinstance(value, str) else value or [])]
         except ValueError:
             continue
-    heading = str(meta.get("heading") or "")
-    if heading:
-        names.append(heading.rsplit(HEADING_PARTS, 1)[-1])
-    names += _HEADING.findall(text)
-    return [n.strip() for n in names if n.strip() and len(n.strip()) <= MAX_TOPIC_CHARS]
+    return [n.strip() for n in names if n.strip() and len(n.strip()) <= MAX_TOPIC_CHARS][:MAX_NOTE_TOPICS]
 
 
 def note_topics(manifest: Manifest) -> list[tuple[str, str]]:

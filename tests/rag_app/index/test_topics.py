@@ -29,7 +29,15 @@ class CountingEmbed:
 def test_a_chunks_topics_are_its_notes_names_its_headings_last_part_and_the_headings_in_its_text():
     meta = {"title": "电影清单", "aliases": '["watchlist"]', "tags": '["电影", "生活"]', "heading": "电影清单 › 已看"}
     text = "| 片名 |\n\n## 想看 ##\n\n- 《一一》\n#not-a-heading\n"
-    assert topics_of(meta, text) == ["电影清单", "watchlist", "电影", "生活", "已看", "想看"]
+    assert topics_of(meta, text) == ["电影清单", "已看", "想看", "watchlist", "电影", "生活"]
+
+
+def test_a_note_with_thousands_of_tags_gives_its_first_names_not_all():
+    """A hostile note (20,000 tags) cost 20 minutes of embedding; its title and headings come first, then a bounded
+    number of aliases and tags."""
+    meta = {"title": "hub", "tags": [f"tag{i}" for i in range(20_000)], "heading": "hub › part"}
+    got = topics_of(meta, "## inside\n")
+    assert len(got) == topics.MAX_NOTE_TOPICS and got[:4] == ["hub", "part", "inside", "tag0"]
 
 
 def test_a_heading_that_is_a_sentence_and_broken_lists_are_not_topics():
