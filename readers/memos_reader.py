@@ -39,8 +39,8 @@ class MemosReader(ListingReader):
             `max_retries`, `page_size`).
 
     The listing itself is `MemosLister` (no LlamaIndex import): `brain sync` lists with it, then takes the Documents
-    of that same pass from `MemosReader.from_lister(lister).lazy_load_data(listing=...)` when something changed, so
-    the server is read once.
+    of that same pass from `lister.reader().lazy_load_data(listing=...)` when something changed, so the server is
+    read once.
 
     The whole listing is read before anything is yielded; one that cannot be read completely raises `MemosError`
     (`MemosAuthError` for token problems), never a partial list that would look like deletions. A memo over

@@ -31,7 +31,7 @@ class VaultReader(ListingReader):
             `unchanged_ids`); known notes the vault no longer has are listed in `gone_ids`.
 
     The listing itself is `VaultLister` (no LlamaIndex import): `brain sync` lists with it, then takes the Documents
-    of that same pass from `VaultReader.from_lister(lister).lazy_load_data(listing=...)` when something changed.
+    of that same pass from `lister.reader().lazy_load_data(listing=...)` when something changed.
 
     A folder that cannot be listed raises `VaultError` before anything is yielded: a partial listing would look like
     deletions. Problems with single files (bad UTF-8, broken frontmatter, binary, oversize, unreadable) never raise;

@@ -1,5 +1,6 @@
-"""`brain sync` gets its Documents from the readers: `VaultReader` / `MemosReader` `lazy_load_data` over the one
-listing the sync made (no second pass, no second read of a Memos server), and nothing LlamaIndex when nothing changed.
+"""`brain sync` gets its Documents from the readers: `ListingReader.lazy_load_data` (what `VaultReader` and
+`MemosReader` are: `lister.reader()`) over the one listing the sync made (no second pass, no second read of a Memos
+server), and nothing LlamaIndex when nothing changed.
 
 Through `Brain.sync` into a real home (fast model), a real vault folder and the Memos double over HTTP.
 """
@@ -16,6 +17,7 @@ from rag_app.config import load_settings
 from rag_app.engine import Brain
 from rag_app.index.docstore import open_docstore
 from rag_app.index.manifest import Manifest
+from readers.listing_reader import ListingReader
 from readers.memos_reader import MemosReader
 from readers.vault_reader import VaultReader
 from tests.doubles.memos_server import MemosDouble, seed_memos
@@ -72,20 +74,21 @@ def test_the_documents_a_sync_chunks_come_through_the_readers_lazy_load_data(
     """A reader whose `lazy_load_data` marks its Documents: every note the sync indexed carries the mark, and the
     reader was handed the sync's own listing (it does not list again)."""
     calls: list[Any] = []
-    original = VaultReader.lazy_load_data
+    original = ListingReader.lazy_load_data
 
-    def marking(reader: VaultReader, *args: Any, **kwargs: Any) -> Iterator[Any]:
+    def marking(reader: ListingReader, *args: Any, **kwargs: Any) -> Iterator[Any]:
         calls.append(kwargs.get("listing"))
         for document in original(reader, *args, **kwargs):
             document.metadata["read_by"] = type(reader).__name__
             yield document
 
-    monkeypatch.setattr(VaultReader, "lazy_load_data", marking)
+    monkeypatch.setattr(ListingReader, "lazy_load_data", marking)
     vault = make_vault(NOTES)
     Brain(home).sync(vaults=(str(vault),))
     assert len(calls) == 1 and calls[0] is not None and len(calls[0].records) == 3
     assert {note_id: meta["read_by"] for note_id, (_, meta) in docstore_documents(home).items()} == {
-        "vault:notes/a.md": "VaultReader", "vault:notes/sub/b.md": "VaultReader", "vault:notes/c.md": "VaultReader"}
+        "vault:notes/a.md": "ListingReader", "vault:notes/sub/b.md": "ListingReader",
+        "vault:notes/c.md": "ListingReader"}
 
 
 def test_a_changed_memo_is_read_from_the_server_once(home: Path, memos: MemosDouble) -> None:
@@ -107,7 +110,7 @@ def test_a_sync_that_finds_nothing_changed_builds_no_reader(home: Path, make_vau
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("a no-change sync asked the reader for Documents")
 
-    monkeypatch.setattr(VaultReader, "from_lister", classmethod(refuse))
+    monkeypatch.setattr(ListingReader, "from_lister", classmethod(refuse))
     source = Brain(home).sync(vaults=(str(vault),)).sources[0]
     assert (source.failed, source.unchanged) == (False, 3)
 
