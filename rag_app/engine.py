@@ -12,9 +12,12 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from rag_app.answers.sessions import HISTORY_TURNS, SessionError, SessionNotFound, SessionStore, SessionStoreError
+from rag_app.answers.asking import Asker
+from rag_app.answers.llm import LLMLink, llm_config, missing_message
+from rag_app.answers.sessions import SessionError, SessionNotFound, SessionStore
 from rag_app.answers.sessions import validate_name as validate_session_name
 from rag_app.config import (
     ConfigError,
@@ -25,20 +28,32 @@ from rag_app.config import (
     resolve_home,
     vault_source,
 )
-from rag_app.index.docstore_health import DocstoreError, docstore_shown, stored_count
+from rag_app.index.docstore_health import DocstoreError, docstore_shown
+from rag_app.index.docstore_reads import stored_count
 from rag_app.index.manifest import Manifest
 from rag_app.index.private import make_home, open_home
 from rag_app.index.store import DiskFull, StoreError, disk_full
-from rag_app.ingest.capture import MAX_CAPTURE_BYTES, MAX_TAGS, MAX_TITLE_CHARS, CaptureError
+from rag_app.ingest.capture import (
+    MAX_CAPTURE_BYTES,
+    MAX_TAGS,
+    MAX_TITLE_CHARS,
+    CaptureError,
+    new_note,
+    write_memo,
+    write_vault_note,
+)
 from rag_app.ingest.chunking import CHUNKER_VERSION, chunker_id
-from rag_app.ingest.fresh import SourceError
+from rag_app.ingest.doctor import run_doctor
+from rag_app.ingest.fresh import SourceError, read_note
 from rag_app.ingest.lock import StopRequested, SyncBusyError, stop_on_signals
+from rag_app.ingest.memos_token import memos_token
 from rag_app.ingest.progress import Progress, channel_progress, time_left
 from rag_app.ingest.report import SourceReport, SyncReport
 from rag_app.ingest.sync import remove_source, sync_sources
 from rag_app.ingest.watch import BackgroundWatch, HomeGone, Watcher, watch_in_background
 from rag_app.search.graph import LinkGraph
 from rag_app.search.query import MAX_QUERIES, SearchCancelled, SearchError, SearchFilters, cancelled_when
+from rag_app.search.suggest import example_questions
 from readers.records import decode_list
 
 if TYPE_CHECKING:
@@ -57,7 +72,6 @@ __all__ = ["MAX_CAPTURE_BYTES", "MAX_QUERIES", "MAX_TAGS", "MAX_TITLE_CHARS", "B
 
 log = logging.getLogger("cflow_brain.engine")
 REFRESH_WAIT_SECONDS = 5.0  # a stale check waits this long for listing and keyword index, never for embedding
-LLM_RETRY_SECONDS = 30.0  # after a failed LLM call, answers are passages at once for this long, then it is tried again
 
 
 class _RefreshOff(threading.local):
@@ -84,11 +98,11 @@ class Brain:
         self._refresh_guard = threading.Lock()
         self._refreshing: threading.Thread | None = None
         self._last_refresh = 0.0
-        self._llm: Any = None
-        self._variants_llm: Any = None
-        self._llm_failed: tuple[float, str] | None = None  # when and why the LLM last failed (cleared by a success)
+        self._llm = LLMLink(self.settings.llm)
         self._graph: tuple[str, LinkGraph, dict[str, dict[str, Any]]] | None = None
         self._lock = threading.RLock()
+        self._asker = Asker(self.settings, self._llm, self.search, self.searcher, self._lock,
+                            lambda: self.status()["notes"], lambda: self._sessions)
 
     @property
     def home(self) -> Path:
@@ -251,11 +265,9 @@ class Brain:
         leading, USE-m3 gated) until the default model is complete too (see `_searchable_settings`)."""
         models = self._complete_models()
         if self._search_index is None or self._search_models != models:
-            from rag_app.search.retrieve import SearchIndex
-
             if self._search_index is not None:
                 self._search_index.close()
-            self._search_index = SearchIndex(self._searchable_settings(models), dense=bool(models))
+            self._search_index = _retrieve().SearchIndex(self._searchable_settings(models), dense=bool(models))
             self._search_models = models
         return self._search_index
 
@@ -289,19 +301,12 @@ class Brain:
         return replace(self.settings, embedding_model=models[0], second_model=models[1] if models[1:] else "")
 
     def llm(self) -> Any | None:
-        if self._llm is None:
-            from rag_app.answers.llm import llm_config, load_llm
-
-            self._llm = load_llm(llm_config(self.settings.llm)) or False
-        return self._llm or None
+        """The LLM of [llm] (or LLM_BASE_URL and LLM_MODEL), loaded on first use; None when there is none."""
+        return self._llm.llm()
 
     def variants_llm(self) -> Any | None:
         """The LLM that writes a question's search variants, with a short timeout and no retries."""
-        if self._variants_llm is None:
-            from rag_app.answers.llm import llm_config, load_llm, variants_config
-
-            self._variants_llm = load_llm(variants_config(llm_config(self.settings.llm))) or False
-        return self._variants_llm or None
+        return self._llm.variants_llm()
 
     def search(
         self,
@@ -354,18 +359,13 @@ class Brain:
         """A LlamaIndex RetrieverQueryEngine over `as_retriever(k, **search)`. With an LLM ([llm] or LLM_BASE_URL and
         LLM_MODEL) it answers from the notes that may answer, cited as [n] (`source_nodes[n - 1]`); without one, or
         with half a configuration, it answers with the notes' best passages as `ask` does (answers/llama_engines.py)."""
-        from rag_app.answers.llama_engines import query_engine
-
-        return query_engine(self.as_retriever(k, **search), self.llm())
+        return _llama_engines().query_engine(self.as_retriever(k, **search), self.llm())
 
     def as_chat_engine(self, session: str | None = None, k: int = 6, **search: Any) -> CondensePlusContextChatEngine:
         """A LlamaIndex CondensePlusContextChatEngine over `as_retriever(k, **search)` whose memory is the brain
         session `session` (a new one by default): its turns are stored there, as `brain ask --session` stores them,
         and an existing session's turns are its history. It needs an LLM: without one, ConfigError says what to set
         (a conversation without an LLM is `ask(question, session=...)`)."""
-        from rag_app.answers.llama_engines import chat_engine
-        from rag_app.answers.llm import llm_config, missing_message
-
         llm = self.llm()
         if llm is None:
             missing = llm_config(self.settings.llm).missing
@@ -374,14 +374,12 @@ class Brain:
                  f"and model under [llm] in {self.settings.home / 'config.toml'} (or LLM_BASE_URL and LLM_MODEL)")
                 + "; without an LLM, Brain.ask(question, session=...) holds a conversation with passages")
         name = validate_session_name(session) if session is not None else self.new_session_name()
-        return chat_engine(self.as_retriever(k, **search), llm, self._sessions, name,
-                           self.settings.llm["budget_chars"] // 4)
+        return _llama_engines().chat_engine(self.as_retriever(k, **search), llm, self._sessions, name,
+                                            self.settings.llm["budget_chars"] // 4)
 
     def _retriever(self, k: int, mode: str, sources: tuple[str, ...], tags: tuple[str, ...], path_prefix: str,
                    since: str | dt.date | None, until: str | dt.date | None, variants: list[str] | None,
                    expand: bool, audience: str) -> NoteFusionRetriever:
-        from rag_app.search.retrieve import NoteFusionRetriever
-
         if sources:
             known = {s.name for s in self.known_sources()} | {"vault", "memos"}
             unknown = [name for name in sources if name not in known]
@@ -392,8 +390,8 @@ class Brain:
                                 exclude_private=hide_private)
         wanted = expand and not variants and self.llm_state()["configured"]
         llm = self.variants_llm() if wanted and not self.llm_state(probe=True)["error"] else None
-        return NoteFusionRetriever(self.searcher, k, mode=mode, filters=filters, llm=llm, variants=variants,
-                                   lock=self._lock)
+        return _retrieve().NoteFusionRetriever(self.searcher, k, mode=mode, filters=filters, llm=llm,
+                                               variants=variants, lock=self._lock)
 
     @staticmethod
     def load_libraries() -> None:
@@ -489,137 +487,8 @@ class Brain:
         standalone query that is searched (`coverage["condensed_query"]`), the LLM sees the history within the budget,
         and the turn is stored. A `turn_id` the session already holds (the same ask run again: `brain ask` after its
         warm engine died having stored the turn) answers with that turn and stores nothing."""
-        from rag_app.answers import answer as answers
-        from rag_app.answers.llm import error_reason, llm_config, missing_message
-
-        if session is not None and turn_id is not None:
-            stored = self._sessions.stored_turn(session, turn_id, question)
-            if stored is not None:
-                if on_token is not None:
-                    on_token(stored["answer"])
-                return answers.AnswerResponse(stored["answer"], stored["citations"], stored["coverage"],
-                                              stored["mode"], cited=stored["coverage"].get("cited") or [])
-        history = self._sessions.turns(session, last=HISTORY_TURNS) if session is not None else []
-        config = llm_config(self.settings.llm)
-        llm = self.llm()
-        llm_error = self.llm_state(probe=True)["error"] if llm is not None else None  # down: passages at once
-        query = question
-        if history:
-            query, condense_error = self._condense(question, history, None if llm_error else llm, config.api_key)
-            llm_error = llm_error or condense_error
-        found = self.search(query, k, sources=sources, tags=tags, since=since, until=until, audience=audience)
-        citations = answers.citations_from(found.results)
-        coverage = dict(found.coverage)
-        coverage["not_found"] = found.not_found
-        coverage["answer_state"] = found.answer_state
-        if history:
-            coverage["condensed_query"] = query
-        if not found.results and self.status()["notes"] == 0:
-            coverage["empty_index"] = True
-        total = budget or self.settings.llm["budget_chars"]
-        notice = None
-        if config.missing:
-            coverage.update(llm="incomplete", llm_missing=config.missing)
-            notice = f"{missing_message(config.missing)}; showing passages"
-        elif llm is None:
-            coverage["llm"] = "off"
-        unsure = found.answer_state == "unsure"
-        usable = answers.possible_matches(found.results) if unsure else answers.answerable(found.results)
-        if llm is not None and usable and llm_error is None:
-            sent = answers.citations_from(usable)  # the LLM sees only passages that may answer: [n] are theirs
-            with self._lock:
-                manifest = self.searcher().manifest
-                full = {r["note_id"]: (manifest.note_doc(r["note_id"]) or ("",))[0]
-                        for r in usable[: answers.FULL_TEXT_NOTES]}
-            past = self._history_messages(history, total)
-            context = answers.build_context(usable, full, total - sum(len(m.content or "") for m in past), unsure)
-            try:
-                text = answers.llm_answer(llm, question, context, on_token, past)
-            except Exception as exc:  # the LLM is optional: fall back, say why, never fail the question
-                llm_error = error_reason(exc, config.api_key)
-                self._llm_failed = (time.monotonic(), llm_error)
-            else:
-                self._llm_failed = None
-                cited = answers.cited_numbers(text, len(sent))
-                coverage.update(cited=cited, llm="used")
-                return self._remember(session, turn_id, question, answers.AnswerResponse(
-                    text, sent, coverage, "llm", len(context), cited))
-        if llm_error is not None:
-            coverage.update(llm="unavailable", llm_error=llm_error)
-            notice = f"LLM unavailable ({llm_error}); showing passages"
-        coverage.setdefault("llm", "unused")  # configured, but nothing was found to answer from
-        mode = "extractive"
-        if coverage.get("empty_index"):
-            text = answers.NO_NOTES
-        elif found.not_found:
-            text, mode = answers.not_found_answer(citations), "not_found"
-        elif unsure:
-            text, mode = answers.unsure_answer(citations), "unsure"
-        else:
-            scorer, notes = self._answering_lines(query, answers.answerable(found.results))
-            text = answers.extractive_answer(question, found.results, citations, notice, query, scorer, notes)
-        if on_token is not None:
-            on_token(text)
-        return self._remember(session, turn_id, question, answers.AnswerResponse(text, citations, coverage, mode))
-
-    def _answering_lines(self, query: str, shown: list[dict[str, Any]]) -> tuple[Any, dict[str, str]]:
-        """What an extractive answer needs to show each note's answering line: a scorer for the query's lines
-        (answers.answer_lines) and the shown notes' full text."""
-        from rag_app.answers.answer_lines import LineScorer
-
-        with self._lock:
-            index = self.searcher()
-            keyword = index.keyword()
-            notes = {r["note_id"]: (index.manifest.note_doc(r["note_id"]) or ("",))[0] for r in shown}
-        scorer = LineScorer.for_question(query, keyword.idf, lambda lines: index.line_similarities(query, lines))
-        return scorer, notes
-
-    def _condense(self, question: str, history: list[dict[str, Any]], llm: Any,
-                  secret: str) -> tuple[str, str | None]:
-        """(standalone query, LLM error): CondensePlusContextChatEngine's condense step with an LLM, else (or when
-        it fails) the follow-up with the last turn's subject (rag_app.answers.sessions.condense_without_llm)."""
-        from rag_app.answers.llm import error_reason
-        from rag_app.answers.sessions import condense_prompt, condense_without_llm, standalone_from_reply
-
-        if llm is not None:
-            try:
-                condensed = standalone_from_reply(str(llm.complete(condense_prompt(question, history))))
-            except Exception as exc:  # unreachable: the answer falls back to passages, and says why
-                reason = error_reason(exc, secret)
-                self._llm_failed = (time.monotonic(), reason)
-                return condense_without_llm(question, history, self._stands_alone(question, history)), reason
-            if condensed:
-                return condensed, None
-        return condense_without_llm(question, history, self._stands_alone(question, history)), None
-
-    def _stands_alone(self, question: str, history: list[dict[str, Any]]) -> bool:
-        """Whether the question starts a new subject, read from its own top 3 (sessions.stands_alone)."""
-        from rag_app.answers.sessions import stands_alone
-        from rag_app.search.relevance import LEAD
-
-        found = self.search(question, 3, expand=False)
-        return stands_alone(question, found.results, found.answer_state, history[-1], LEAD)
-
-    @staticmethod
-    def _history_messages(history: list[dict[str, Any]], budget: int) -> list[Any]:
-        """Earlier turns for the answer request: at most a quarter of the character budget, newest first."""
-        from rag_app.answers.sessions import history_messages
-
-        return history_messages(history, budget // 4) if history else []
-
-    def _remember(self, session: str | None, turn_id: str | None, question: str,
-                  response: AnswerResponse) -> AnswerResponse:
-        """Store the turn; when the sessions file cannot take it (locked, full, damaged), the answer is still given
-        and `coverage["session_not_saved"]` says why."""
-        if session is not None:
-            try:
-                self._sessions.append(session, {"question": question, "answer": response.answer,
-                                                "citations": response.citations, "coverage": response.coverage,
-                                                "mode": response.mode}, turn_id)
-            except SessionStoreError as exc:
-                log.warning("the answer was given but not saved in session %r: %s", session, exc)
-                response.coverage["session_not_saved"] = f"this answer was not saved in session {session!r}: {exc}"
-        return response
+        return self._asker.ask(question, k, session=session, sources=sources, tags=tags, since=since, until=until,
+                               on_token=on_token, budget=budget, audience=audience, turn_id=turn_id)
 
     @property
     def _sessions(self) -> SessionStore:
@@ -653,8 +522,6 @@ class Brain:
     def example_questions(self, count: int = 4) -> list[str]:
         """Questions an empty chat can offer, from this home's own notes (recent titles, frequent tags); [] when
         nothing is indexed. Reads the manifest only: no model, no Chroma."""
-        from rag_app.search.suggest import example_questions
-
         if not self.settings.manifest_path.exists():
             return []
         manifest = Manifest(self.settings.manifest_path)
@@ -667,22 +534,11 @@ class Brain:
         """{"configured", "missing", "model", "base_url", "error"}: "missing" names what a half-done configuration
         lacks; "error" why the LLM cannot be used now (its last call failed, or with `probe`, its address refuses a
         connection), else None."""
-        from rag_app.answers.llm import llm_config, unreachable
-
-        config = llm_config(self.settings.llm)
-        error = self.llm_failure()
-        if error is None and probe and config.configured:
-            error = unreachable(config.base_url)
-            if error is not None:
-                self._llm_failed = (time.monotonic(), error)
-        return config.state() | {"error": error}
+        return self._llm.llm_state(probe)
 
     def llm_failure(self) -> str | None:
         """Why the LLM failed within the last LLM_RETRY_SECONDS (its calls are skipped meanwhile), else None."""
-        failed = self._llm_failed
-        if failed is None or time.monotonic() - failed[0] > LLM_RETRY_SECONDS:
-            return None
-        return failed[1]
+        return self._llm.llm_failure()
 
     def graph(self) -> LinkGraph:
         """The link graph of everything indexed (rebuilt when the index changed)."""
@@ -735,8 +591,6 @@ class Brain:
     def _read_fresh(self, note_id: str, meta: dict[str, Any], indexed_hash: str,
                     audience: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
         """(text, metadata, freshness fields) of the note as its source holds it now."""
-        from rag_app.ingest.fresh import read_note
-
         name = str(meta.get("source") or "")
         spec = next((s for s in self.known_sources() if s.name == name), None)
         if spec is None:
@@ -753,8 +607,6 @@ class Brain:
 
     def _memos_token(self, spec: SourceSpec) -> str | None:
         """The token this Memos source may be sent (rag_app.ingest.memos_token: one origin per token)."""
-        from rag_app.ingest.memos_token import memos_token
-
         manifest = Manifest(self.settings.manifest_path)
         try:
             return memos_token(spec, manifest)[0]
@@ -772,8 +624,6 @@ class Brain:
 
         The source alone is synced; the call returns when the note is searchable by its words (seconds), while its
         vectors are filled in the background. The reply gives the note id."""
-        from rag_app.ingest.capture import new_note, write_memo, write_vault_note
-
         if not self.capture_enabled:
             raise ConfigError("capture is off: set [capture] enabled = true and source = \"<source name>\" in "
                               f"{self.settings.home / 'config.toml'}")
@@ -849,8 +699,6 @@ class Brain:
 
     def doctor(self, repair: bool = False, compact: bool = False) -> dict[str, Any]:
         """Do Chroma, the manifest and BM25 agree? `repair` fixes them, `compact` rebuilds Chroma (ingest/doctor.py)."""
-        from rag_app.ingest.doctor import run_doctor
-
         try:
             with self._full_disk_named():
                 sessions = self._check_sessions(repair)
@@ -875,6 +723,24 @@ class Brain:
         self.close()
         in_config = any(s.name == name for s in self.settings.sources)
         return {"removed": name, "notes": removed, "still_in_config": in_config}
+
+
+# Imported on first use, here only: both import LlamaIndex (1.2-1.4 s), which `brain status`, a sync with nothing to do,
+# a note's view, the conversations and a warm engine's client never need. The first search (or query engine) pays it.
+
+
+def _retrieve() -> ModuleType:
+    """rag_app.search.retrieve: SearchIndex and NoteFusionRetriever."""
+    from rag_app.search import retrieve
+
+    return retrieve
+
+
+def _llama_engines() -> ModuleType:
+    """rag_app.answers.llama_engines: the search as LlamaIndex query and chat engines."""
+    from rag_app.answers import llama_engines
+
+    return llama_engines
 
 
 class NoteNotFound(LookupError):

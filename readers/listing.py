@@ -15,7 +15,7 @@ from readers.records import SourceListing
 from readers.vault_scanner import DEFAULT_MAX_BYTES, VaultScanner
 
 if TYPE_CHECKING:
-    from readers.listing_reader import ListingReader
+    pass
 
 
 class SourceLister:
@@ -26,10 +26,6 @@ class SourceLister:
         self.known = dict(known or {})
 
     def list(self) -> SourceListing:
-        raise NotImplementedError
-
-    def reader(self) -> ListingReader:
-        """The LlamaIndex reader over this lister (imports LlamaIndex)."""
         raise NotImplementedError
 
 
@@ -43,11 +39,6 @@ class VaultLister(SourceLister):
 
     def list(self) -> SourceListing:
         return self.scanner.scan(self.known)
-
-    def reader(self) -> ListingReader:
-        from readers.vault_reader import VaultReader
-
-        return VaultReader.from_lister(self)
 
 
 class MemosLister(SourceLister):
@@ -74,14 +65,10 @@ class MemosLister(SourceLister):
         return bool(self._token)
 
     def list(self) -> SourceListing:
+        # Imported here, not at the top: the Memos client imports httpx (~0.2 s), which a sync of vaults never needs.
         from readers.memos_client import MemosClient, fetch_memos
 
         with MemosClient(self.base_url, self._token, **self.limits) as client:
             return fetch_memos(self.base_url, None, source=self.source, include_archived=self.include_archived,
                                include_comments=self.include_comments, client=client, known=self.known,
                                signatures=self.signatures)
-
-    def reader(self) -> ListingReader:
-        from readers.memos_reader import MemosReader
-
-        return MemosReader.from_lister(self)

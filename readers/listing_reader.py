@@ -1,34 +1,41 @@
-"""What the vault and Memos readers share: a `SourceLister` (the listing half, no LlamaIndex) whose one complete
-pass over the source becomes Documents, and what that pass saw besides (ids gone, unchanged or kept, warnings, file
-signatures)."""
+"""What the vault and Memos readers share: a lister (readers/listing.py: the listing half, no LlamaIndex) whose one
+complete pass over the source becomes Documents, and what that pass saw besides (ids gone, unchanged or kept,
+warnings, file signatures). The listers build this reader (`SourceLister.reader`), so it knows them only as `Lister`."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from llama_index.core.readers.base import BaseReader
 from llama_index.core.schema import Document
 
-from readers.listing import SourceLister
 from readers.records import SourceListing
 
 Reader = TypeVar("Reader", bound="ListingReader")
+
+
+class Lister(Protocol):
+    """What a reader needs of its lister (a `SourceLister`): what the index knows, and one complete pass."""
+
+    known: dict[str, str]
+
+    def list(self) -> SourceListing: ...
 
 
 class ListingReader(BaseReader):
     """A BaseReader over a `SourceLister`: a source that cannot be listed whole raises before the first Document, so
     a partial listing never looks like deletions."""
 
-    lister: SourceLister
+    lister: Lister
     listing: SourceListing
 
-    def __init__(self, lister: SourceLister):
+    def __init__(self, lister: Lister):
         self.lister = lister
         self.listing = SourceListing(records=[])
 
     @classmethod
-    def from_lister(cls: type[Reader], lister: SourceLister) -> Reader:
+    def from_lister(cls: type[Reader], lister: Lister) -> Reader:
         """This reader over a lister built already (what `brain sync` does: it lists before importing LlamaIndex)."""
         reader = cls.__new__(cls)
         ListingReader.__init__(reader, lister)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from llama_index.core.schema import Document
 
-from readers.records import content_hash_of
+from readers.note_hash import content_hash_of
 
 
 class NoteDocument(Document):

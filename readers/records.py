@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from readers.note_hash import content_hash_of
+
 ChromaValue = str | int | float | bool
-VOLATILE_KEYS = frozenset({"mtime", "mtime_ts"})  # metadata a record stores but does not hash (see NoteRecord)
 
 
 @dataclass
@@ -17,8 +17,8 @@ class NoteRecord:
     """One note from one source, before chunking.
 
     `metadata` holds only values Chroma accepts (str/int/float/bool); lists are encoded by `encode_list`.
-    `text` and `metadata` are covered by `content_hash`; `volatile` (file times and the like) is stored but not
-    hashed, so touching a file does not force a re-embed.
+    `text` and `metadata` are covered by `content_hash` (note_hash.py); `volatile` (file times and the like) is stored
+    but not hashed, so touching a file does not force a re-embed.
     """
 
     id: str
@@ -35,18 +35,12 @@ class NoteRecord:
         return content_hash_of(self.text, self.metadata)
 
     def to_document(self) -> Any:
-        """A LlamaIndex Document with a deterministic id whose `hash` is this `content_hash` (see `NoteDocument`);
-        imported lazily: llama_index costs 1.5-4 s to import."""
+        """A LlamaIndex Document with a deterministic id whose `hash` is this `content_hash` (see `NoteDocument`)."""
+        # Imported here, not at the top: note_document imports LlamaIndex (1.2-1.4 s), which a sync that finds nothing
+        # changed never needs (readers/listing.py); only records that become Documents pay for it.
         from readers.note_document import NoteDocument
 
         return NoteDocument(id_=self.id, text=self.text, metadata={**self.volatile, **self.metadata})
-
-
-def content_hash_of(text: str, metadata: dict[str, Any]) -> str:
-    """What `NoteRecord.content_hash` and `NoteDocument.hash` compute: text and metadata without `VOLATILE_KEYS`."""
-    hashed = {key: value for key, value in metadata.items() if key not in VOLATILE_KEYS}
-    payload = json.dumps([text, hashed], sort_keys=True, ensure_ascii=False)
-    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
 @dataclass

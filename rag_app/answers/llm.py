@@ -9,9 +9,12 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
+
+from readers.redaction import redacted_line
 
 THIRD_PARTY_LOGGERS = ("llama_index.llms.openai", "llama_index.llms.openai_like", "openai", "httpx", "httpcore")
 ERROR_CHARS = 200
@@ -109,7 +112,7 @@ def load_llm(config: LLMConfig) -> Any | None:
     """`OpenAILike`, so that model names OpenAI's own class rejects (qwen2.5, deepseek-chat) work."""
     if not config.configured:
         return None
-    from llama_index.llms.openai_like import OpenAILike
+    from llama_index.llms.openai_like import OpenAILike  # here: LlamaIndex and openai, only when an LLM is configured
 
     route_client_logs()
     return OpenAILike(
@@ -153,6 +156,56 @@ def error_reason(exc: BaseException, secret: str = "") -> str:
             parts.append(text)
         cause, seen = cause.__cause__ or cause.__context__, seen + 1
     reason = parts[0] + (f" ({parts[-1]})" if len(parts) > 1 else "")
-    from readers.redaction import redacted_line
-
     return redacted_line(reason, [secret] if secret else [], ERROR_CHARS)
+
+
+LLM_RETRY_SECONDS = 30.0  # after a failed LLM call, answers are passages at once for this long, then it is tried again
+
+
+class LLMLink:
+    """A home's LLM as Brain holds it: loaded on first use (None when not configured), and its last failure: after a
+    failed call its calls are skipped for LLM_RETRY_SECONDS (answers are passages at once), then it is tried again."""
+
+    def __init__(self, section: dict[str, Any]):
+        """`section`: the home's [llm] settings (the environment's LLM_* variables override them)."""
+        self.section = section
+        self._llm: Any = None
+        self._variants_llm: Any = None
+        self._llm_failed: tuple[float, str] | None = None  # when and why the LLM last failed (cleared by a success)
+
+    def failed(self, reason: str) -> None:
+        """A call failed for `reason` (one line, no secrets): the next LLM_RETRY_SECONDS of questions skip it."""
+        self._llm_failed = (time.monotonic(), reason)
+
+    def succeeded(self) -> None:
+        self._llm_failed = None
+
+    def llm(self) -> Any | None:
+        if self._llm is None:
+            self._llm = load_llm(llm_config(self.section)) or False
+        return self._llm or None
+
+    def variants_llm(self) -> Any | None:
+        """The LLM that writes a question's search variants, with a short timeout and no retries."""
+        if self._variants_llm is None:
+            self._variants_llm = load_llm(variants_config(llm_config(self.section))) or False
+        return self._variants_llm or None
+
+    def llm_state(self, probe: bool = False) -> dict[str, Any]:
+        """{"configured", "missing", "model", "base_url", "error"}: "missing" names what a half-done configuration
+        lacks; "error" why the LLM cannot be used now (its last call failed, or with `probe`, its address refuses a
+        connection), else None."""
+        config = llm_config(self.section)
+        error = self.llm_failure()
+        if error is None and probe and config.configured:
+            error = unreachable(config.base_url)
+            if error is not None:
+                self._llm_failed = (time.monotonic(), error)
+        return config.state() | {"error": error}
+
+    def llm_failure(self) -> str | None:
+        """Why the LLM failed within the last LLM_RETRY_SECONDS (its calls are skipped meanwhile), else None."""
+        failed = self._llm_failed
+        if failed is None or time.monotonic() - failed[0] > LLM_RETRY_SECONDS:
+            return None
+        return failed[1]

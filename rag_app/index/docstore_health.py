@@ -95,26 +95,15 @@ def has_kv_table(db: sqlite3.Connection) -> bool:
     return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'kv'").fetchone() is not None
 
 
-def all_stored_hashes(settings: Settings, check: bool = False) -> dict[str, str]:
-    """Every note the docstore holds → its hash, in one read, creating nothing (a home without the file holds none).
-    `check`: the home's file must also pass SQLite's quick_check (a file cut short still opens and answers some
-    reads). Raises `DocstoreError`."""
-    if settings.docstore_url:
-        from rag_app.index.docstore import close_docstore, open_docstore
-
-        docstore = open_docstore(settings)
-        try:
-            rows = docstore._kvstore.get_all(collection=METADATA_COLLECTION)
-        finally:
-            close_docstore(docstore)
-        return {key: str(value.get("doc_hash")) for key, value in rows.items()}
+def home_file_stored(settings: Settings, check: bool = False) -> dict[str, str]:
+    """Every note the home's docstore file holds → its hash, in one read, creating nothing (no file: none).
+    `check`: the file must also pass SQLite's quick_check (a file cut short still opens and answers some reads).
+    Raises `DocstoreError`."""
     return dict(_home_file_rows(settings, "SELECT key, json_extract(value, '$.doc_hash')", check))
 
 
-def stored_count(settings: Settings) -> int:
-    """How many notes the docstore holds (`brain status`): one COUNT for the home's file. Raises `DocstoreError`."""
-    if settings.docstore_url:
-        return len(all_stored_hashes(settings))
+def home_file_count(settings: Settings) -> int:
+    """How many notes the home's docstore file holds: one COUNT. Raises `DocstoreError`."""
     rows = _home_file_rows(settings, "SELECT count(*)")
     return int(rows[0][0]) if rows else 0
 

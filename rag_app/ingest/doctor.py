@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from rag_app.config import Settings
-from rag_app.index.docstore_health import DOCSTORE_FILE, DocstoreError, all_stored_hashes, docstore_shown
+from rag_app.index.docstore_health import DOCSTORE_FILE, DocstoreError, docstore_shown
+from rag_app.index.docstore_reads import all_stored_hashes
 from rag_app.index.keyword_store import keyword_stamp, refresh_keyword_index, saved_keyword_ids
 from rag_app.index.manifest import Manifest
 from rag_app.index.store import COLLECTION_PREFIX, collection_ids, collection_name, exact_enough, open_chroma

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict
+from functools import partial
+from typing import Any
 
 from rag_app.config import ConfigError, Settings, SourceSpec
 from rag_app.index.keyword import TOKENIZER_VERSION
@@ -46,6 +48,20 @@ def source_lister(spec: SourceSpec, token: str | None = None, known: Mapping[str
     return MemosLister(spec.url, token, include_archived=spec.include_archived,
                        include_comments=spec.include_comments, source=spec.name, known=known, signatures=signatures,
                        **spec.memos_limits())
+
+
+def source_reader(spec: SourceSpec, lister: SourceLister) -> Any:
+    """This source's LlamaIndex reader (`VaultReader`, `MemosReader`) over the lister a sync listed with, whose
+    `lazy_load_data(listing=...)` yields that pass's Documents: the source is not listed or read twice."""
+    # Imported on use: the readers import LlamaIndex (1.2-1.4 s), which a sync that finds nothing changed never needs.
+    from readers.memos_reader import MemosReader
+    from readers.vault_reader import VaultReader
+
+    return (VaultReader if spec.kind == "vault" else MemosReader).from_lister(lister)
+
+
+def _documents(spec: SourceSpec, lister: SourceLister, listing: SourceListing) -> Iterable[Any]:
+    return source_reader(spec, lister).lazy_load_data(listing=listing)
 
 
 def reembed_stored(
@@ -202,7 +218,7 @@ def _sync_one(spec: SourceSpec, manifest: Manifest, applier: Applier, allow_dele
     backfill_docs(manifest, spec.name, listing.records)
     result.unchanged = plan.unchanged
     try:
-        for warning in applier.apply(spec.name, plan, lambda: lister.reader().lazy_load_data(listing=listing)):
+        for warning in applier.apply(spec.name, plan, partial(_documents, spec, lister, listing)):
             result.warnings.append(warning)
             log.warning("%s: %s", spec.name, warning)
     except StoreError as exc:  # the docstore or Chroma failed part-way: finished batches are committed

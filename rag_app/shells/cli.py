@@ -17,13 +17,16 @@ from typing import Any, NoReturn
 import click
 
 from rag_app.answers.answer import NOT_FOUND, UNSURE, AnswerResponse, readable_excerpt
+from rag_app.answers.llm import missing_message
 from rag_app.engine import (
     BackgroundWatch,
     Brain,
     ConfigError,
     DiskFull,
     HomeGone,
+    NoteNotFound,
     SearchError,
+    SourceError,
     SourceReport,
     StopRequested,
     StoreError,
@@ -32,6 +35,7 @@ from rag_app.engine import (
     time_left,
 )
 from rag_app.shells import warm_engine
+from rag_app.shells.agent_skill import SkillConflict, install_skill, skill_files
 
 EXIT_FAILED, EXIT_USAGE, EXIT_BUSY, EXIT_INTERRUPTED = 1, 2, 3, 130
 DEMO_HOME = ".brain-demo"  # where `make demo` keeps its notes (the Makefile's DEMO_HOME)
@@ -44,7 +48,7 @@ class TqdmProgress:
         self._bar: Any = None
 
     def start(self, total: int, description: str, unit: str = "chunk") -> None:
-        from tqdm import tqdm
+        from tqdm import tqdm  # here: ~25 ms that only a sync on a terminal spends
 
         self.close()
         self._bar = tqdm(total=total, desc=description, unit=unit, file=sys.stderr, dynamic_ncols=True)
@@ -464,8 +468,6 @@ def ask_command(ctx: click.Context, question: str, k: int, session: str | None, 
     if coverage.get("llm_error"):
         click.echo(f"brain: LLM unavailable ({_plain(coverage['llm_error'])}); showing passages", err=True)
     elif coverage.get("llm_missing"):
-        from rag_app.answers.llm import missing_message
-
         click.echo(f"brain: {missing_message(coverage['llm_missing'])}; showing passages", err=True)
     if coverage.get("session_not_saved"):
         click.echo(f"brain: {_plain(coverage['session_not_saved'])}", err=True)
@@ -668,7 +670,7 @@ def kept_fresh(brain: Brain, watch_sources: bool, interval: float) -> Iterator[B
 @click.pass_context
 def serve(ctx: click.Context, host: str, port: int, watch_sources: bool, interval: float) -> None:
     """The chat page: conversations with cited answers, notes opened in place, filters, status and sync."""
-    from rag_app.shells import page
+    from rag_app.shells import page  # here: Gradio takes seconds to import, which no other command needs
 
     brain = _open(ctx, create=True)
     with kept_fresh(brain, watch_sources, interval), _served_warm(ctx, brain, "brain serve"), _reported():
@@ -685,7 +687,7 @@ def serve(ctx: click.Context, host: str, port: int, watch_sources: bool, interva
 @click.pass_context
 def mcp(ctx: click.Context, over_http: bool, host: str, port: int, watch_sources: bool, interval: float) -> None:
     """Serve search_notes, get_note, related_notes and brain_status to agents over MCP (stdio by default)."""
-    from tools import mcp_server
+    from tools import mcp_server  # here: the MCP SDK (with starlette, uvicorn) takes seconds to import
 
     brain = _open(ctx, create=True)
     with kept_fresh(brain, watch_sources, interval), _served_warm(ctx, brain, "brain mcp"), _reported():
@@ -765,8 +767,6 @@ def _print_sessions_check(sessions: dict[str, Any]) -> None:
 @click.pass_context
 def get_command(ctx: click.Context, note_id: str, fresh: bool, as_json: bool) -> None:
     """Print one note by its id (from `brain search`): text, tags, links; --fresh reads its source again."""
-    from rag_app.engine import NoteNotFound, SourceError
-
     brain = _open(ctx)
     try:
         with _reported():
@@ -801,8 +801,6 @@ def skill_group() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def skill_install(target: str, skills_dir: str | None, force: bool, as_json: bool) -> None:
     """Write the cflow-brain Skill where the agent looks (Claude Code: ~/.claude/skills, Codex: ~/.codex/skills)."""
-    from rag_app.shells.agent_skill import SkillConflict, install_skill
-
     try:
         result = install_skill(target, skills_dir, force=force)
     except SkillConflict as exc:
@@ -823,8 +821,6 @@ def skill_install(target: str, skills_dir: str | None, force: bool, as_json: boo
 @skill_group.command("show")
 def skill_show() -> None:
     """Print the Skill's SKILL.md."""
-    from rag_app.shells.agent_skill import skill_files
-
     click.echo(skill_files()["SKILL.md"].decode("utf-8"), nl=False)
 
 

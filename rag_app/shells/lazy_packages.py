@@ -18,7 +18,7 @@ a search then never runs them (~0.15 s of CPU), and code that does read them get
 
 `skip_override_checks()` skips the checks Chroma's classes run on themselves as they are created (~0.13 s).
 
-Only for a process that runs one command and ends (rag_app.shells.warm_engine.main): its imports happen on one thread.
+Only for a process that runs one command and ends (rag_app.shells.cli_entry.main): its imports happen on one thread.
 Long-running shells import LlamaIndex whole, on their main thread, before starting threads (Brain.load_libraries).
 """
 

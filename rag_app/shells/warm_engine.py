@@ -16,7 +16,9 @@ per home: it holds an exclusive lock on `<home>/warm/engine.lock` while it serve
 holding the lock finds is stale (its server died) and is replaced. A client finding a socket with nobody behind it
 runs in-process and says nothing: that is the in-process path, output included.
 
-The client half (`main`, the `brain` entry point) imports only the standard library before it has tried the socket.
+The client half (what `brain`, the CLI's entry point in shells/cli_entry.py, calls first) imports only the standard
+library before it has tried the socket, and only what it uses: the server half imports logging, fcntl, time, traceback
+and struct where it uses them, and the client tomllib and platformdirs only for the homes that need them.
 
 The server runs what it loaded at start: a client whose environment (env_digests) or `<home>/config.toml`
 (config_fingerprint) differs from what the server started with is refused, and runs in its own process; so is a
@@ -45,7 +47,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import Any, TextIO
 
 PROTOCOL = 2
 WARM_COMMANDS = frozenset({"search", "ask", "get", "status", "sessions"})
@@ -261,6 +263,12 @@ class _Fallback:
 _fallback = _Fallback()
 
 
+def fallback_notice() -> str | None:
+    """The line to say at once when the warm engine refused this process's command for a reason the user must act on
+    (it runs other brain code), else None."""
+    return _fallback.say
+
+
 def ask_warm(request: WarmRequest, stdout: TextIO | None, stderr: TextIO | None) -> int | None:
     """Run the command on the home's warm engine; its exit code, or None when no warm engine takes it (no socket,
     nobody behind it, not ours, a different environment or store, or a process started with stdout or stderr
@@ -362,84 +370,6 @@ def _frame(frames: Any) -> dict[str, Any]:
     if not isinstance(frame, dict):
         raise ValueError("not a frame")
     return frame
-
-
-def main() -> None:
-    """The `brain` command: the home's warm engine answers when one serves it, else the CLI runs in this
-    process (as `python -m rag_app.shells.cli` always does). A warm engine lost mid-request is said once, then it
-    runs here."""
-    request = warm_request(sys.argv[1:], os.environ)
-    if request is not None:
-        command_at = len(sys.argv) - len(request.args)
-        with_turn_id(request)
-        sys.argv[command_at:] = request.args  # the same ask, should it run here after all
-        try:
-            code = ask_warm(request, sys.stdout, sys.stderr)
-        except WarmEngineLost as exc:
-            sys.stderr.write(f"brain: the warm engine of {request.home} stopped answering ({exc}); "
-                             "running in this process\n")
-            sys.stderr.flush()
-        except KeyboardInterrupt:  # Ctrl-C: as click ends an interrupted command
-            sys.stderr.write("Aborted!\n")
-            sys.exit(1)
-        else:
-            if code is not None:
-                sys.exit(code)
-            if _fallback.say:
-                sys.stderr.write(_fallback.say + "\n")
-                sys.stderr.flush()
-    lean = one_shot(sys.argv[1:])
-    if lean:
-        _lean_start()
-    from rag_app.shells.cli import main as run_in_process
-
-    if not lean:
-        run_in_process()
-        return
-    try:
-        run_in_process()
-    except SystemExit as exc:
-        _end_now(exc.code)
-    _end_now(0)
-
-
-def _lean_start() -> None:
-    """How a one-shot command starts: LlamaIndex's and Chroma's package inits deferred, the modules it imports but
-    never reads left unrun and Chroma's checks of its own classes skipped (shells/lazy_packages.py), and the cyclic
-    garbage collector run every 50,000 allocations rather than every 700: the imports make ~200,000 objects that live
-    as long as the process, and collecting them again and again cost ~0.1 s of CPU."""
-    import gc
-
-    from rag_app.shells.lazy_packages import defer_module_bodies, defer_package_inits, skip_override_checks
-
-    gc.set_threshold(50_000, 10, 10)
-    defer_package_inits()
-    defer_package_inits("chromadb")
-    defer_module_bodies()
-    skip_override_checks()
-
-
-def _end_now(code: object) -> NoReturn:
-    """End a one-shot command's process without the interpreter's teardown, which frees ~1,400 modules one by one
-    (~0.3 s of CPU after the answer is printed). What must outlast the process is flushed first: the log
-    (logging.shutdown, the only exit handler that keeps anything), stdout and stderr. These commands write nothing
-    else that is not already committed (sessions are SQLite transactions)."""
-    import logging
-
-    if code is None or isinstance(code, int):
-        status = code or 0
-    else:  # sys.exit("message"), as the interpreter would report it
-        print(code, file=sys.stderr)
-        status = 1
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        if stream is None:  # started with it closed (`>&-`)
-            continue
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a reader that went away (`brain search ... | head`), a closed stream
-            pass
-    os._exit(status)
 
 
 # ---------------------------------------------------------------------------------------------------------- server

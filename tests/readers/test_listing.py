@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from readers.listing import VaultLister
+from readers.listing_reader import ListingReader
 from readers.vault_reader import VaultReader
 from tests.conftest import REPO
 
@@ -26,8 +27,8 @@ def test_a_reader_over_a_listing_yields_its_documents_without_listing_again(make
     lister = VaultLister(vault, name="work")
     listing = lister.list()
     (vault / "c.md").write_text("written after the listing", encoding="utf-8")
-    reader = lister.reader()
-    assert isinstance(reader, VaultReader)
+    reader = VaultReader.from_lister(lister)
+    assert isinstance(reader, ListingReader) and reader.lister is lister
     documents = list(reader.lazy_load_data(listing=listing))
     assert [d.id_ for d in documents] == ["vault:work/a.md", "vault:work/b.md"]
     assert reader.listing is listing and reader.signatures == listing.signatures

@@ -79,7 +79,7 @@ def test_llm_answer_sends_fenced_bounded_sources_and_maps_citations(sample_brain
 def test_after_an_llm_fails_answers_are_passages_at_once_until_it_is_tried_again(sample_brain, llm_env, monkeypatch):
     """One failed call, then passages without asking (no 10 s of retries per question); tried again after
     LLM_RETRY_SECONDS, and a success clears the failure."""
-    import rag_app.engine as engine
+    import rag_app.answers.llm as llm
 
     up = threading.Event()
 
@@ -97,7 +97,7 @@ def test_after_an_llm_fails_answers_are_passages_at_once_until_it_is_tried_again
         assert first.mode == second.mode == "extractive" and second.coverage["llm"] == "unavailable"
         assert len(double.requests) == asked and brain.llm_state()["error"] == first.coverage["llm_error"]
         up.set()
-        monkeypatch.setattr(engine, "LLM_RETRY_SECONDS", 0.0)
+        monkeypatch.setattr(llm, "LLM_RETRY_SECONDS", 0.0)
         third = brain.ask("我想看哪些电影？", 4)
     assert third.mode == "llm" and brain.llm_state()["error"] is None
 

@@ -1,5 +1,6 @@
 """`brain sync` gets its Documents from the readers: `VaultReader` / `MemosReader` `lazy_load_data` over the one
-listing the sync made (no second pass, no second read of a Memos server), and nothing LlamaIndex when nothing changed.
+listing the sync made (no second pass, no second read of a Memos
+server), and nothing LlamaIndex when nothing changed.
 
 Through `Brain.sync` into a real home (fast model), a real vault folder and the Memos double over HTTP.
 """
@@ -91,6 +92,7 @@ def test_the_documents_a_sync_chunks_come_through_the_readers_lazy_load_data(
     Brain(home).sync(vaults=(str(vault),))
     assert len(calls) == 1 and calls[0] is not None and len(calls[0].records) == 3
     assert {d.id_ for d in yielded} == {"vault:notes/a.md", "vault:notes/sub/b.md", "vault:notes/c.md"}
+    assert {d.metadata["read_by"] for d in yielded} == {"VaultReader"}
     # the docstore decided on the marked Documents themselves: their hash covers the mark
     assert {note_id: digest for note_id, (_, _, digest) in indexed_documents(home).items()} == {
         d.id_: d.hash for d in yielded}

@@ -309,7 +309,7 @@ def test_a_cold_search_and_ask_import_no_index_chat_engine_or_sqlalchemy_and_ans
                 [sys.executable, "-c", "import json, os, sys\nend = os._exit\n"  # a one-shot command ends by os._exit
                  f"os._exit = lambda code: (open({str(modules)!r}, 'w').write(json.dumps({{n: type(m).__name__ "
                  f"for n, m in sys.modules.items()}})), "
-                 f"end(code))\nsys.argv = {argv!r}\nfrom rag_app.shells.warm_engine import main\nmain()"],
+                 f"end(code))\nsys.argv = {argv!r}\nfrom rag_app.shells.cli_entry import main\nmain()"],
                 capture_output=True, text=True, timeout=300, cwd=REPO, env=env | extra)
             whole = subprocess.run([sys.executable, "-m", "rag_app.shells.cli", *argv[1:]], capture_output=True,
                                    text=True, timeout=300, cwd=REPO, env=env | extra)

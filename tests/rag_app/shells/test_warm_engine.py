@@ -639,7 +639,8 @@ def test_the_client_finds_the_home_the_engine_would_open(monkeypatch, tmp_path: 
 
 def test_trying_the_warm_engine_imports_no_engine():
     """`brain search` with a warm engine must not pay for LlamaIndex, Chroma, jieba or the engine before it asks."""
-    code = ("import sys; from rag_app.shells import warm_engine; warm_engine.warm_request(['search', 'x'], {}); "
+    code = ("import sys; from rag_app.shells import cli_entry, warm_engine; "
+            "warm_engine.warm_request(['search', 'x'], {}); "
             "warm_engine.own_socket(warm_engine.default_home()); "
             "warm_engine.request_message(warm_engine.WarmRequest(warm_engine.default_home(), '', ['x']), []); "
             "heavy = [m for m in ('llama_index', 'chromadb', 'jieba', 'torch', 'rag_app.engine', 'rag_app.shells.cli', "
