@@ -24,7 +24,7 @@ from rag_app.search.relevance import (
     strength,
     topical,
 )
-from rag_app.search.retrieve import specifics
+from rag_app.search.relevance_features import specifics
 
 NOT_IN_THE_SAMPLE_VAULT = ["潜水艇驾驶执照", "xylophonegiraffe", "量子色动力学格点规范",
                            "how to file a tax return in Germany", "qwpzkvmd"]
