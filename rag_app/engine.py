@@ -28,7 +28,7 @@ from rag_app.config import (
 from rag_app.index.docstore_health import DocstoreError, docstore_shown, stored_count
 from rag_app.index.manifest import Manifest
 from rag_app.index.private import make_home, open_home
-from rag_app.index.store import DiskFull, StoreError, disk_full
+from rag_app.index.store import DiskFull, StoreError, disk_full, store_shown
 from rag_app.ingest.capture import MAX_CAPTURE_BYTES, MAX_TAGS, MAX_TITLE_CHARS, CaptureError
 from rag_app.ingest.chunking import CHUNKER_VERSION, chunker_id
 from rag_app.ingest.fresh import SourceError
@@ -240,7 +240,7 @@ class Brain:
             "chunker_version": chunker_id(self.settings.chunk_max_chars, self.settings.chunk_overlap)
             if sources else CHUNKER_VERSION,
             "home": str(self.settings.home),
-            "store": self.settings.store_url or "embedded",
+            "store": store_shown(self.settings.store_url) or "embedded",
         } | ({"docstore": self._docstore_status(notes)} if docstore else {})
 
     def _docstore_status(self, notes: int) -> dict[str, Any]:

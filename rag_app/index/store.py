@@ -9,12 +9,13 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import shutil
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import urlparse, urlsplit
 
 from rag_app.config import Settings, model_slug
 
@@ -85,6 +86,25 @@ def collection_name(model: str) -> str:
     return COLLECTION_PREFIX + model_slug(model)
 
 
+def store_shown(url: str) -> str:
+    """A Chroma server's URL as `status`, `doctor` and messages show it: scheme://host:port/path, never a user,
+    password (user:pw@) or query (?token=...), as the PostgreSQL docstore's URL is shown. "" for the embedded store."""
+    if not url:
+        return ""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+        port = parts.port
+    except ValueError:
+        host = port = None
+    if not host:  # not a URL: still never echo what looks like credentials or a query
+        scheme, _, rest = url.rpartition("://")
+        rest = re.split(r"[?#]", rest.rpartition("@")[2], maxsplit=1)[0]
+        return f"{scheme}://{rest}" if scheme else rest
+    netloc = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{netloc}{f':{port}' if port else ''}{parts.path.rstrip('/')}"
+
+
 def open_chroma(settings: Settings) -> Any:
     """An embedded PersistentClient under the home, or an HttpClient when `store.url` is set."""
     import chromadb
@@ -94,7 +114,7 @@ def open_chroma(settings: Settings) -> Any:
     if settings.store_url:
         parsed = urlparse(settings.store_url)
         if not parsed.hostname:
-            raise StoreError(f"store.url must look like http://127.0.0.1:8000, got {settings.store_url!r}")
+            raise StoreError(f"store.url must look like http://127.0.0.1:8000, got {store_shown(settings.store_url)!r}")
         try:
             return chromadb.HttpClient(
                 host=parsed.hostname,
@@ -103,7 +123,7 @@ def open_chroma(settings: Settings) -> Any:
                 settings=chroma_settings,
             )
         except Exception as exc:  # chromadb raises plain ValueError/ConnectionError variants
-            raise StoreError(f"cannot reach the Chroma server at {settings.store_url}: {exc}") from None
+            raise StoreError(f"cannot reach the Chroma server at {store_shown(settings.store_url)}: {exc}") from None
     settings.chroma_path.mkdir(parents=True, exist_ok=True)
     with _OPENING:
         return chromadb.PersistentClient(path=str(settings.chroma_path), settings=chroma_settings)

@@ -90,3 +90,28 @@ def test_a_chroma_server_that_is_down_leaves_new_notes_searchable_by_keyword(hom
         assert [r["title"] for r in found.results][:1] == ["潜水日志"]
     finally:
         brain.close()
+
+
+def test_a_chroma_url_s_credentials_are_never_shown(home, tmp_path, chroma_server):
+    """A user and password (user:pw@) or a token in the query of `--store-url` / `[store] url` are never printed:
+    `status` and `doctor` (text and JSON) name the server as scheme://host:port, as the PostgreSQL docstore's URL is
+    shown; so does the one line for a server that cannot be reached."""
+    parsed = urlparse(chroma_server)
+    secret_url = f"http://reader:pa55-w0rd@{parsed.hostname}:{parsed.port}/?token=t0ken-123"
+    shown = f"http://{parsed.hostname}:{parsed.port}"
+    vault = tmp_path / "vault"
+    write_notes(vault, 3, seed=4)
+    done = run_brain(home, "sync", "--vault", str(vault), store_url=secret_url)
+    assert done.returncode == 0, done.stderr
+    runs = [run_brain(home, *args, store_url=secret_url) for args in
+            (("status",), ("status", "--json"), ("doctor",), ("doctor", "--json"))]
+    for run in runs:
+        assert run.returncode == 0, run.stderr
+        assert "pa55-w0rd" not in run.stdout + run.stderr and "t0ken-123" not in run.stdout + run.stderr
+        assert "reader" not in run.stdout + run.stderr
+    assert json.loads(runs[1].stdout)["store"] == shown and json.loads(runs[3].stdout)["store"] == shown
+    assert f"store: {shown}" in runs[0].stdout
+    dead = f"http://reader:pa55-w0rd@127.0.0.1:{free_port()}/?token=t0ken-123"
+    down = run_brain(home, "doctor", store_url=dead)
+    assert down.returncode == 2 and "cannot reach the Chroma server at http://127.0.0.1:" in down.stderr
+    assert "pa55-w0rd" not in down.stdout + down.stderr and "t0ken-123" not in down.stdout + down.stderr
