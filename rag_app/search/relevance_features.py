@@ -9,6 +9,8 @@ background and list, and whether the channels agree. Computed from the retrieval
 from __future__ import annotations
 
 import re
+import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -20,9 +22,11 @@ from rag_app.search.relevance import AGREE, channel_key, dense_family
 from readers.records import decode_list
 
 if TYPE_CHECKING:
+    from rag_app.index.keyword import KeywordIndex
     from rag_app.search.retrieve import NoteFusionRetriever, SearchIndex
 
 _NUMBER = re.compile(r"\d")  # 2022, 3月; not 第二部 (in "第二部是谁导演的" a place in a list, not an event)
+SHARED_FACTOR = 2.0  # a word other notes hold too: capped at twice what holding a random word says (Breadth)
 MIN_POOL = 30  # chunks a search must be able to return before a hit's standing out means anything (note_evidence)
 
 
@@ -47,6 +51,85 @@ class QueryTerms:
 
 
 Contains = Callable[[list[str]], np.ndarray]
+
+
+class Breadth:
+    """What a word can tell of a note that holds it, given how much of the home's vocabulary that note holds: a cap
+    on the word's IDF for that note (issue 30: the 5,000 commonest words as one note answered off-topic questions).
+
+    A word's IDF is the evidence that a *chunk* holds it, as if any chunk were as likely to. A note that alone holds
+    a share u of the words the home knows is the sole holder of a random known word with probability u, so a word
+    only it holds is worth at most ln(1/u) nats for it. A word other notes hold too has its IDF lowered by them
+    already; it is capped at SHARED_FACTOR x ln(1/s), s being the share of the home's words the note holds at all (a
+    list of every word holds any two common words in one chunk: "speed" and "light"). A typical note's caps are above
+    any IDF of its words: on the dev sets no figure moved (docs/retrieval.md). The commonest words pasted as a note
+    into the sample vault hold a third of its vocabulary alone, so each question word only they hold is worth ~1
+    nat, not 5. Computed once per keyword index from BM25's postings (a note's chunks are consecutive rows)."""
+
+    def __init__(self, keyword: KeywordIndex):
+        ids = keyword.ids
+        self.row = keyword.row
+        self.vocab = keyword.bm25.vocab_dict if ids else {}
+        self.indptr = np.asarray(keyword.bm25.scores["indptr"]) if ids else np.zeros(1, dtype=np.int64)
+        self.indices = np.asarray(keyword.bm25.scores["indices"]) if ids else np.zeros(0, dtype=np.int64)
+        owners = [chunk_id.rpartition(":chunk:")[0] or chunk_id for chunk_id in ids]
+        changes = np.fromiter((a != b for a, b in zip(owners[1:], owners[:-1], strict=True)), dtype=bool,
+                              count=max(len(owners) - 1, 0))
+        self.row_note = np.concatenate([np.zeros(min(len(owners), 1), dtype=np.int64), np.cumsum(changes)])
+        notes = int(self.row_note[-1]) + 1 if len(owners) else 0
+        self.holders = np.zeros(len(self.indptr) - 1, dtype=np.int64)  # notes holding each term
+        self.alone_cap = np.full(notes, np.inf)
+        self.shared_cap = np.full(notes, np.inf)
+        if not len(self.indices):
+            return
+        owner_of = self.row_note[self.indices]
+        term_of = np.repeat(np.arange(len(self.indptr) - 1), np.diff(self.indptr))
+        first = np.ones(len(owner_of), dtype=bool)  # the first posting of each (term, note) pair
+        first[1:] = (owner_of[1:] != owner_of[:-1]) | (term_of[1:] != term_of[:-1])
+        self.holders = np.bincount(term_of[first], minlength=len(self.indptr) - 1)
+        terms = int((self.holders > 0).sum())
+        alone = np.bincount(owner_of[first & (self.holders[term_of] == 1)], minlength=notes)
+        held = np.bincount(owner_of[first], minlength=notes)
+        self.alone_cap = np.where(alone > 0, np.log(terms / np.maximum(alone, 1)), np.inf)
+        self.shared_cap = SHARED_FACTOR * np.log(terms / np.maximum(held, 1))
+
+    def caps(self, chunk_ids: list[str], tokens: list[str]) -> np.ndarray:
+        """chunks x tokens: the most each query token can be worth in each chunk (no cap for a chunk the index does
+        not hold)."""
+        rows = np.asarray([self.row.get(c, -1) for c in chunk_ids], dtype=np.int64)
+        alone, shared = np.full(len(rows), np.inf), np.full(len(rows), np.inf)
+        held = rows >= 0
+        alone[held] = self.alone_cap[self.row_note[rows[held]]]
+        shared[held] = self.shared_cap[self.row_note[rows[held]]]
+        only = np.asarray([self._alone(t) for t in tokens], dtype=bool)
+        return np.where(only[None, :], alone[:, None], shared[:, None])
+
+    def known(self, token: str) -> float:
+        """The most a word can tell of the home knowing it: its only holder's cap (a word only a bag of words holds
+        is hardly known), no cap for a word several notes hold."""
+        if not self._alone(token):
+            return np.inf
+        column = self.vocab[token]
+        return float(self.alone_cap[self.row_note[self.indices[self.indptr[column]]]])
+
+    def _alone(self, token: str) -> bool:
+        column = self.vocab.get(token)
+        return column is not None and self.holders[column] == 1
+
+
+_BREADTH: weakref.WeakKeyDictionary[Any, Breadth] = weakref.WeakKeyDictionary()
+_BREADTH_LOCK = threading.Lock()
+
+
+def breadth(keyword: KeywordIndex) -> Breadth:
+    """The keyword index's Breadth, made once per index (an index is replaced, not changed, when the notes change)."""
+    with _BREADTH_LOCK:
+        found = _BREADTH.get(keyword)
+    if found is None:
+        found = Breadth(keyword)
+        with _BREADTH_LOCK:
+            _BREADTH[keyword] = found
+    return found
 
 
 def note_evidence(index: SearchIndex, fusion: NoteFusionRetriever, note_ids: list[str],
@@ -82,7 +165,7 @@ def note_evidence(index: SearchIndex, fusion: NoteFusionRetriever, note_ids: lis
             if (query, name) in fusion.skipped_runs or (name != "bm25" and (not hits or small)):
                 continue
             if name == "bm25":
-                lexical_features(fusion, query, chunks_of, title_tokens, features, small, note_by_chunk)
+                lexical_features(index, fusion, query, chunks_of, title_tokens, features, small, note_by_chunk)
                 ran.append(name)
             elif dense_features(index, query, models[name], hits, chunks_of, features, pool):
                 ran.append(name)
@@ -98,14 +181,18 @@ def note_evidence(index: SearchIndex, fusion: NoteFusionRetriever, note_ids: lis
     return out
 
 
-def lexical_features(fusion: NoteFusionRetriever, query: str, chunks_of: dict[str, list[str]],
-                      title_tokens: dict[str, set[str]], features: dict[str, dict[str, float]], small: bool,
-                      note_by_chunk: dict[str, str]) -> None:
+def lexical_features(index: SearchIndex, fusion: NoteFusionRetriever, query: str, chunks_of: dict[str, list[str]],
+                     title_tokens: dict[str, set[str]], features: dict[str, dict[str, float]], small: bool,
+                     note_by_chunk: dict[str, str]) -> None:
     """Per note: the share of the query's IDF mass its best chunk holds, how far that stands above the best other
     note among the query's candidates (several notes holding the query alike make any one of them less surely the
     answer), the share its title and tags hold, how much of the query the notes know at all, how far its BM25 score
     stands out of BM25's list, and what of the query's specifics its best chunk lacks. In a `small` pool a word no
-    note has says nothing (a handful of notes lacks most words): shares are of the known words."""
+    note has says nothing (a handful of notes lacks most words): shares are of the known words.
+
+    Each word a note holds counts at its IDF, at most the note's cap (`Breadth`): a note that holds every word (a
+    list of the commonest words, pasted as a note) holds a question's words by chance, not as an answer; a word only
+    such a note holds is hardly known."""
     terms, contains = fusion._evidence(query)
     if terms is None:
         return
@@ -114,21 +201,26 @@ def lexical_features(fusion: NoteFusionRetriever, query: str, chunks_of: dict[st
     if small:
         weights = np.where(unknown, 0.0, weights)
     total = float(weights.sum())
-    known = float(weights[~unknown].sum()) / total if total > 0 else 0.0
+    wide = breadth(index.keyword())
+    known_mass = sum(min(w, wide.known(t)) for t, w, u in zip(terms.tokens, weights, unknown, strict=True) if not u)
+    known = float(known_mass) / total if total > 0 else 0.0
     lists = fusion._lists(query, fusion.results)
     every = list(dict.fromkeys([c for chunks in chunks_of.values() for c in chunks]
                                + [c for hits in lists.values() for c, _ in hits]))
     matrix = contains(every) if every else np.zeros((0, len(weights)), dtype=bool)
     row = {chunk_id: i for i, chunk_id in enumerate(every)}
-    share = matrix @ weights / total if total > 0 else np.zeros(len(every))
+    worth = np.minimum(weights[None, :], wide.caps(every, terms.tokens)) * matrix  # chunks x tokens, in nats
+    covered_all = worth.sum(axis=1)
+    share = covered_all / total if total > 0 else np.zeros(len(every))
     best_of: dict[str, float] = {}
     for chunk_id, value in zip(every, share, strict=True):
         note = note_by_chunk.get(chunk_id, chunk_id)
         best_of[note] = max(best_of.get(note, 0.0), float(value))
     gaps = list_gaps([] if small else lists["bm25"], chunks_of)
     for note, chunks in chunks_of.items():
-        held = matrix[[row[c] for c in chunks]] if chunks else np.zeros((1, len(weights)), dtype=bool)
-        covered = held @ weights
+        rows = [row[c] for c in chunks]
+        held = matrix[rows] if chunks else np.zeros((1, len(weights)), dtype=bool)
+        covered = covered_all[rows] if chunks else np.zeros(1)
         lexical = float(covered.max()) / total if total > 0 else 0.0
         rival = max((v for other, v in best_of.items() if other != note), default=0.0)
         titled = sum(w for t, w in zip(terms.tokens, weights, strict=True) if t in title_tokens.get(note, ()))
