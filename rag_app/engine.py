@@ -44,7 +44,15 @@ from rag_app.ingest.sync import (
     sync_sources,
     time_left,
 )
-from rag_app.ingest.watch import BackgroundWatch, HomeGone, Watcher, watch_in_background
+from rag_app.ingest.watch import (
+    BackgroundWatch,
+    HomeGone,
+    WatchBusy,
+    Watcher,
+    claim_watch,
+    release_watch,
+    watch_in_background,
+)
 from rag_app.search.graph import LinkGraph
 from rag_app.search.query import MAX_QUERIES, SearchCancelled, SearchError, SearchFilters, cancelled_when
 from readers.records import decode_list
@@ -60,7 +68,7 @@ __all__ = ["MAX_CAPTURE_BYTES", "MAX_QUERIES", "MAX_TAGS", "MAX_TITLE_CHARS", "B
            "CaptureError", "ConfigError", "DiskFull", "HomeGone", "NoteNotFound", "Progress", "SearchCancelled",
            "SearchError",
            "SessionError", "SessionNotFound", "SourceError", "SourceReport", "StopRequested", "StoreError",
-           "SyncBusyError", "SyncReport", "stop_on_signals", "time_left"]
+           "SyncBusyError", "SyncReport", "WatchBusy", "claim_watch", "release_watch", "stop_on_signals", "time_left"]
 
 
 log = logging.getLogger("cflow_brain.engine")

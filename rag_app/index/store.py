@@ -13,7 +13,9 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlparse, urlsplit
 
@@ -25,6 +27,28 @@ log = logging.getLogger("cflow_brain.store")
 
 class StoreError(Exception):
     """The vector store cannot be opened or written."""
+
+
+class StoreUnreachable(StoreError):
+    """A Chroma server that cannot be reached (down, refused, timed out). A search goes on by keyword and says so."""
+
+    def __init__(self, settings: Settings):
+        super().__init__(f"cannot reach the Chroma server at {store_shown(settings.store_url)}")
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether an error (or one it came from) says a Chroma server cannot be reached, rather than that it refused a
+    request or holds no such collection."""
+    import httpx
+
+    seen: BaseException | None = exc
+    chain: list[BaseException] = []
+    while seen is not None and seen not in chain:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    return any(isinstance(e, StoreUnreachable | httpx.TransportError | ConnectionError)
+               or "could not connect to a chroma server" in str(e).lower()
+               or (isinstance(e, StoreError) and str(e).startswith("cannot reach the Chroma server")) for e in chain)
 
 
 class DiskFull(StoreError):
@@ -126,7 +150,60 @@ def open_chroma(settings: Settings) -> Any:
             raise StoreError(f"cannot reach the Chroma server at {store_shown(settings.store_url)}: {exc}") from None
     settings.chroma_path.mkdir(parents=True, exist_ok=True)
     with _OPENING:
+        _forget_if_stale(settings)
         return chromadb.PersistentClient(path=str(settings.chroma_path), settings=chroma_settings)
+
+
+# Embedded Chroma keeps one system per folder per process, the folder's vector indexes in memory. Another process
+# writing the folder meanwhile (a second watcher, a `brain sync` from a terminal beside a long-running watcher or
+# server) leaves them stale: this process's next write of a chunk that process added failed ("Error finding id", a
+# sync in ~80 with two watchers). Every write leaves a mark naming the writer (`WRITER_MARK` in the folder); an open
+# that finds another writer's mark lets go of its system, so the client it returns reads the folder as it is now.
+# Clients opened before keep theirs (a long-running reader's searches), as another process's would.
+WRITER_MARK = ".last-writer"
+_marks_seen: dict[str, str] = {}  # per Chroma folder: the mark this process last wrote or read
+
+
+def _forget_if_stale(settings: Settings) -> None:
+    from chromadb.api.shared_system_client import SharedSystemClient
+
+    key = str(settings.chroma_path)
+    try:
+        mark = (settings.chroma_path / WRITER_MARK).read_text(encoding="utf-8")
+    except OSError:
+        mark = ""
+    systems = SharedSystemClient._identifier_to_system
+    if key in systems and _marks_seen.get(key, "") != mark:
+        log.info("Chroma at %s was written by another process: reading it afresh", key)
+        systems.pop(key, None)
+        SharedSystemClient._identifier_to_refcount.pop(key, None)
+    _marks_seen[key] = mark
+
+
+def wrote(settings: Settings) -> None:
+    """Leave this process's mark in the embedded Chroma folder after writing it (see `_forget_if_stale`)."""
+    if settings.store_url:
+        return
+    mark = f"{os.getpid()}-{uuid.uuid4().hex}"
+    path = settings.chroma_path / WRITER_MARK
+    try:
+        temporary = path.with_name(f"{WRITER_MARK}.{os.getpid()}")
+        temporary.write_text(mark, encoding="utf-8")
+        os.replace(temporary, path)
+    except OSError as exc:  # a full disk: the write it follows failed first, or is reported by the store itself
+        log.warning("could not mark Chroma as written: %s", exc)
+        return
+    _marks_seen[str(settings.chroma_path)] = mark
+
+
+def write_failure(settings: Settings, exc: BaseException) -> StoreError:
+    """A sync's call Chroma refused, as the store's one line: which store, the cause, that nothing was lost (never the
+    source's fault: its notes stay as they were and the next sync writes them again)."""
+    where = store_shown(settings.store_url) or f"{settings.chroma_path}"
+    cause = " ".join(str(exc).split())[:300] or type(exc).__name__
+    return StoreError(f"Chroma ({where}) refused a write: {cause}. Nothing was lost: the next sync writes it again. "
+                      "Another brain process writing it at the same time (a second `brain watch`, or a `brain sync` "
+                      "beside a long-running server) causes this; if it recurs, run brain doctor")
 
 
 # Chroma shares one system per path in a process but publishes it before it has started: a second thread opening the
@@ -162,14 +239,17 @@ class VectorIndex:
         exact_enough(self.collection)
 
     def vector_store(self) -> Any:
-        """LlamaIndex's store over this collection, writing in batches Chroma accepts (`max_batch_size`)."""
-        return _batched_store_class()(chroma_collection=self.collection, max_batch=self.client.get_max_batch_size())
+        """LlamaIndex's store over this collection, writing in batches Chroma accepts (`max_batch_size`); a write
+        Chroma refuses is a StoreError (`write_failure`), and each write leaves this process's mark (`wrote`)."""
+        return _batched_store_class()(chroma_collection=self.collection, max_batch=self.client.get_max_batch_size(),
+                                      brain_settings=self.settings)
 
     def forget(self, note_ids: list[str]) -> None:
         """Remove every chunk of these notes (by their document id, so orphans of a crashed run go too)."""
-        for start in range(0, len(note_ids), 200):
-            batch = note_ids[start : start + 200]
-            self.collection.delete(where={"document_id": {"$in": batch}})
+        with writing(self.settings):
+            for start in range(0, len(note_ids), 200):
+                batch = note_ids[start : start + 200]
+                self.collection.delete(where={"document_id": {"$in": batch}})
 
     def vectors_by(self, keys: dict[str, str]) -> dict[str, bytes]:
         """The stored vectors of these chunk ids, as float32 bytes under the key each id maps to."""
@@ -177,10 +257,11 @@ class VectorIndex:
 
         ids = sorted(keys)
         out: dict[str, bytes] = {}
-        for start in range(0, len(ids), 500):
-            got = self.collection.get(ids=ids[start : start + 500], include=["embeddings"])
-            for chunk_id, vector in zip(got["ids"], got["embeddings"], strict=True):
-                out[keys[chunk_id]] = np.asarray(vector, dtype=np.float32).tobytes()
+        with writing(self.settings, mark=False):  # read before a delete: a refusal is the store's, as a write's
+            for start in range(0, len(ids), 500):
+                got = self.collection.get(ids=ids[start : start + 500], include=["embeddings"])
+                for chunk_id, vector in zip(got["ids"], got["embeddings"], strict=True):
+                    out[keys[chunk_id]] = np.asarray(vector, dtype=np.float32).tobytes()
         return out
 
     def count(self) -> int:
@@ -188,6 +269,23 @@ class VectorIndex:
 
     def ids(self) -> set[str]:
         return collection_ids(self.collection)
+
+
+@contextmanager
+def writing(settings: Settings | None, mark: bool = True) -> Iterator[None]:
+    """Around a sync's call to Chroma: a refusal by Chroma itself becomes the store's StoreError (a full disk stays
+    what it is, for its own message); after a write (`mark`), this process's mark is left (`wrote`)."""
+    from chromadb.errors import ChromaError
+
+    try:
+        yield
+    except ChromaError as exc:
+        if settings is None or disk_full(exc, str(settings.home)) is not None:
+            raise
+        _marks_seen[str(settings.chroma_path)] = "\0"  # this process's system may be stale: the next open drops it
+        raise write_failure(settings, exc) from exc
+    if settings is not None and mark:
+        wrote(settings)
 
 
 _BATCHED: list[type] = []
@@ -201,11 +299,13 @@ def _batched_store_class() -> type:
 
         class BatchedChromaVectorStore(ChromaVectorStore):
             max_batch: int = 5000
+            brain_settings: Any = None
 
             def add(self, nodes: list[Any], **add_kwargs: Any) -> list[str]:
                 ids: list[str] = []
-                for start in range(0, len(nodes), self.max_batch):
-                    ids += super().add(nodes[start : start + self.max_batch], **add_kwargs)
+                with writing(self.brain_settings):
+                    for start in range(0, len(nodes), self.max_batch):
+                        ids += super().add(nodes[start : start + self.max_batch], **add_kwargs)
                 return ids
 
         _BATCHED.append(BatchedChromaVectorStore)

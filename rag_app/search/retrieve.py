@@ -31,6 +31,7 @@ from rag_app.config import Settings
 from rag_app.index.keyword import KeywordIndex, to_simplified, tokenize
 from rag_app.index.keyword_store import keyword_stamp, open_keyword_index
 from rag_app.index.manifest import Manifest
+from rag_app.index.store import StoreUnreachable, unreachable
 from rag_app.index.topics import TOPIC_MODEL, TopicIndex
 from rag_app.search import relevance
 from rag_app.search.query import (
@@ -110,18 +111,29 @@ class SearchIndex:
         return self._keyword
 
     def collection(self, model: str | None = None) -> Any:
-        """The Chroma collection of a dense model (the main one by default), or None before its first sync."""
+        """The Chroma collection of a dense model (the main one by default), or None before its first sync.
+        StoreUnreachable when a Chroma server cannot be reached (a search then goes on by keyword, and says so)."""
         model = model or self.settings.embedding_model
         if model not in self._collections:
             from rag_app.index.store import LiveCollection, collection_name, open_chroma
 
-            if self._client is None:
-                self._client = open_chroma(self.settings)
             try:
+                if self._client is None:
+                    self._client = open_chroma(self.settings)
                 self._collections[model] = LiveCollection(self._client, collection_name(model))
-            except Exception:  # no collection yet: nothing synced with this model
+            except Exception as exc:  # no collection yet (nothing synced with this model), or no server
+                if unreachable(exc):
+                    raise StoreUnreachable(self.settings) from exc
                 return None
         return self._collections[model]
+
+    def _reached(self, model: str) -> bool:
+        """Whether a model's collection exists; True when the server cannot be asked (the topics are in the manifest:
+        they need no Chroma)."""
+        try:
+            return self.collection(model) is not None
+        except StoreUnreachable:
+            return True
 
     def collection_size(self, model: str | None = None) -> int:
         """Chunks in a model's collection, counted once per index generation (a count costs milliseconds)."""
@@ -152,7 +164,10 @@ class SearchIndex:
         similarities to it are its background, against which a hit's similarity means the same in every query."""
         key = (model, self.stamp)
         if key not in self._backgrounds:
-            collection, size = self.collection(model), self.collection_size(model)
+            try:
+                collection, size = self.collection(model), self.collection_size(model)
+            except StoreUnreachable:  # the server went away mid-search: relevance does without, tried again next time
+                return None
             rows: list[Any] = []
             if collection is not None and size > 1:
                 # evenly spaced slices of the collection's own order: no id lookups, which another process's sync
@@ -183,7 +198,7 @@ class SearchIndex:
     def topics(self) -> TopicIndex | None:
         """The notes' topics (rag_app.index.topics), read once per index generation; None when the home has no
         fast model (USE-m3) to embed a question with, or no note yet."""
-        if TOPIC_MODEL not in self.settings.models or self.collection(TOPIC_MODEL) is None:
+        if TOPIC_MODEL not in self.settings.models or not self._reached(TOPIC_MODEL):
             return None
         stamp = self.stamp
         if self._topics is None or self._topics_stamp != stamp:
@@ -356,8 +371,19 @@ class VectorRetriever(BaseRetriever):
     def __init__(self, index: SearchIndex, top_k: int, allowed: set[str] | None, model: str | None = None):
         super().__init__()
         self.index, self.top_k, self.allowed, self.model = index, top_k, allowed, model
+        self.down: str | None = None  # why the store could not be read in this search, if it could not
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        try:
+            return self._similar(query_bundle)
+        except Exception as exc:  # a Chroma server gone: this channel says so and finds nothing; anything else raises
+            if not unreachable(exc):
+                raise
+            self.down = str(exc if isinstance(exc, StoreUnreachable) else StoreUnreachable(self.index.settings))
+            log.warning("vector channel down: %s", self.down)
+            return []
+
+    def _similar(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         collection = self.index.collection(self.model)
         size = self.index.collection_size(self.model)
         if collection is None or size == 0 or (self.allowed is not None and not self.allowed):
@@ -577,6 +603,7 @@ class NoteFusionRetriever(QueryFusionRetriever):
     def _search(self, index: SearchIndex, query: str) -> SearchResponse:
         started = time.perf_counter()
         index.timing = _Timing()
+        self._down: list[str] = []
         mode = "bm25" if self.search_mode == "hybrid" and not index.dense else self.search_mode
         filters = self.filters
         text, time_range = extract_time_range(query, self.today)
@@ -600,9 +627,10 @@ class NoteFusionRetriever(QueryFusionRetriever):
         if mode in ("hybrid", "vector"):
             channels.append(("vector", VectorRetriever(index, config.candidates, allowed)))
         models = index.settings.models
-        if mode in ("hybrid", "vector2") and len(models) > 1 and index.collection(models[1]) is not None:
+        if mode in ("hybrid", "vector2") and len(models) > 1 and self._has_collection(index, models[1]):
             channels.append(("vector2", VectorRetriever(index, config.candidates, allowed, models[1])))
         fused = self.fuse(text, channels, config)
+        down = [r.down for _, r in channels if isinstance(r, VectorRetriever) and r.down] + self._down
         k = self.similarity_top_k
         results = collapse(index, fused, k, config.chunks_per_note, text)
         rated = time.perf_counter()
@@ -617,6 +645,9 @@ class NoteFusionRetriever(QueryFusionRetriever):
             # lookup the words answer never loads the fast model for it
             notes = {c.rsplit(":", 1)[0] for c in allowed} if allowed is not None else None
             topics_used = self._by_topic(index, text, results, notes, evidence, pool)
+        if down:  # the dense evidence was never gathered: what BM25 alone found is at most related
+            for result in results:
+                result["relevance"] = min(result["relevance"], relevance.STRONG - 0.01)
         for result in results:
             result["strength"] = relevance.strength(result["relevance"])
         results = relevance.reading_order(results)
@@ -634,11 +665,21 @@ class NoteFusionRetriever(QueryFusionRetriever):
             "notes_considered": len({n.node.metadata.get("note_id") for n in fused}),
             "topics": topics_used,
         }
+        if down:
+            coverage["store_down"] = down[0]
         state = relevance.answer_state(results)
         return SearchResponse(query, results, coverage,
                               {"total_ms": total_ms, "embed_ms": index.timing.embed_ms,
                                "ours_ms": total_ms - index.timing.embed_ms, "relevance_ms": rate_ms},
                               state == "not_found", evidence, state)
+
+    def _has_collection(self, index: SearchIndex, model: str) -> bool:
+        """Whether a dense model has a collection to search; a store that cannot be reached is noted (`_down`)."""
+        try:
+            return index.collection(model) is not None
+        except StoreUnreachable as exc:
+            self._down.append(str(exc))
+            return False
 
     def _by_topic(self, index: SearchIndex, text: str, results: list[dict[str, Any]], notes: set[str] | None,
                   evidence: dict[str, list[tuple[str, dict[str, float]]]], pool: int) -> bool:
