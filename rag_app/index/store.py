@@ -159,7 +159,9 @@ def open_chroma(settings: Settings) -> Any:
 # server) leaves them stale: this process's next write of a chunk that process added failed ("Error finding id", a
 # sync in ~80 with two watchers). Every write leaves a mark naming the writer (`WRITER_MARK` in the folder); an open
 # that finds another writer's mark lets go of its system, so the client it returns reads the folder as it is now.
-# Clients opened before keep theirs (a long-running reader's searches), as another process's would.
+# Clients opened before keep theirs (a long-running reader's searches), as another process's would. The old system
+# is let go, not stopped (its clients may be reading); no brain code closes a Chroma client, whose close() would
+# count down the new system's references instead.
 WRITER_MARK = ".last-writer"
 _marks_seen: dict[str, str] = {}  # per Chroma folder: the mark this process last wrote or read
 
