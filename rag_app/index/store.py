@@ -129,8 +129,10 @@ def store_shown(url: str) -> str:
     return f"{parts.scheme}://{netloc}{f':{port}' if port else ''}{parts.path.rstrip('/')}"
 
 
-def open_chroma(settings: Settings) -> Any:
-    """An embedded PersistentClient under the home, or an HttpClient when `store.url` is set."""
+def open_chroma(settings: Settings, writing: bool = False) -> Any:
+    """An embedded PersistentClient under the home, or an HttpClient when `store.url` is set. `writing` (a sync, under
+    the sync lock): the embedded folder is read afresh when another process wrote it since this one last did
+    (`_forget_if_stale`)."""
     import chromadb
     from chromadb.config import Settings as ChromaSettings
 
@@ -150,23 +152,24 @@ def open_chroma(settings: Settings) -> Any:
             raise StoreError(f"cannot reach the Chroma server at {store_shown(settings.store_url)}: {exc}") from None
     settings.chroma_path.mkdir(parents=True, exist_ok=True)
     with _OPENING:
-        _forget_if_stale(settings)
+        _forget_if_stale(settings, writing)
         return chromadb.PersistentClient(path=str(settings.chroma_path), settings=chroma_settings)
 
 
 # Embedded Chroma keeps one system per folder per process, the folder's vector indexes in memory. Another process
 # writing the folder meanwhile (a second watcher, a `brain sync` from a terminal beside a long-running watcher or
 # server) leaves them stale: this process's next write of a chunk that process added failed ("Error finding id", a
-# sync in ~80 with two watchers). Every write leaves a mark naming the writer (`WRITER_MARK` in the folder); an open
-# that finds another writer's mark lets go of its system, so the client it returns reads the folder as it is now.
-# Clients opened before keep theirs (a long-running reader's searches), as another process's would. The old system
-# is let go, not stopped (its clients may be reading); no brain code closes a Chroma client, whose close() would
-# count down the new system's references instead.
+# sync in ~80 with two watchers). Every write leaves a mark naming the writer (`WRITER_MARK` in the folder); a sync's
+# open (under the sync lock, so no other process writes meanwhile) that finds another writer's mark lets go of the
+# system, so its client reads the folder as it is now. Only a writer does: a reader reloading while another process
+# is mid-write read half-written indexes ("Error finding id" on 1 `related` call in 20); readers keep the system they
+# have, as before. The old system is let go, not stopped (its clients may be reading); no brain code closes a Chroma
+# client, whose close() would count down the new system's references instead.
 WRITER_MARK = ".last-writer"
 _marks_seen: dict[str, str] = {}  # per Chroma folder: the mark this process last wrote or read
 
 
-def _forget_if_stale(settings: Settings) -> None:
+def _forget_if_stale(settings: Settings, writing: bool) -> None:
     from chromadb.api.shared_system_client import SharedSystemClient
 
     key = str(settings.chroma_path)
@@ -175,11 +178,14 @@ def _forget_if_stale(settings: Settings) -> None:
     except OSError:
         mark = ""
     systems = SharedSystemClient._identifier_to_system
-    if key in systems and _marks_seen.get(key, "") != mark:
+    if key not in systems:
+        _marks_seen[key] = mark  # a new system reads the folder as it is now
+        return
+    if writing and _marks_seen.get(key, "") != mark:
         log.info("Chroma at %s was written by another process: reading it afresh", key)
         systems.pop(key, None)
         SharedSystemClient._identifier_to_refcount.pop(key, None)
-    _marks_seen[key] = mark
+        _marks_seen[key] = mark
 
 
 def wrote(settings: Settings) -> None:

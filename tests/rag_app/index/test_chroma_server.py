@@ -18,7 +18,7 @@ import httpx
 from bench.fault_trials import convergence_problems, run_brain, start_sync, wait_for_lock, write_notes
 from rag_app.engine import Brain
 from rag_app.index.store import collection_name
-from tests.conftest import free_port
+from tests.conftest import free_port, stop
 
 
 def test_writers_and_readers_in_several_processes_share_one_index_through_the_server(home, tmp_path, chroma_server):
@@ -96,25 +96,31 @@ def test_a_chroma_server_that_is_down_leaves_new_notes_searchable_by_keyword(hom
         brain.close()
 
 
-def test_a_chroma_url_s_credentials_are_never_shown(home, tmp_path, chroma_server):
+def test_a_chroma_url_s_credentials_are_never_shown(home, tmp_path):
     """A user and password (user:pw@) or a token in the query of `--store-url` / `[store] url` are never printed:
     `status` and `doctor` (text and JSON) name the server as scheme://host:port, as the PostgreSQL docstore's URL is
-    shown; so does the one line for a server that cannot be reached."""
-    parsed = urlparse(chroma_server)
+    shown; so does the one line for a server that cannot be reached. (A server of its own: doctor would count the
+    module's other homes' vectors in a shared one as orphans.)"""
+    data = tmp_path / "chroma"
+    data.mkdir()
+    server, url = _chroma_run(data)
+    parsed = urlparse(url)
     secret_url = f"http://reader:pa55-w0rd@{parsed.hostname}:{parsed.port}/?token=t0ken-123"
-    shown = f"http://{parsed.hostname}:{parsed.port}"
     vault = tmp_path / "vault"
     write_notes(vault, 3, seed=4)
-    done = run_brain(home, "sync", "--vault", str(vault), store_url=secret_url)
-    assert done.returncode == 0, done.stderr
-    runs = [run_brain(home, *args, store_url=secret_url) for args in
-            (("status",), ("status", "--json"), ("doctor",), ("doctor", "--json"))]
+    try:
+        done = run_brain(home, "sync", "--vault", str(vault), store_url=secret_url)
+        assert done.returncode == 0, done.stderr
+        runs = [run_brain(home, *args, store_url=secret_url) for args in
+                (("status",), ("status", "--json"), ("doctor",), ("doctor", "--json"))]
+    finally:
+        stop(server)
     for run in runs:
-        assert run.returncode == 0, run.stderr
+        assert run.returncode == 0, run.stdout + run.stderr
         assert "pa55-w0rd" not in run.stdout + run.stderr and "t0ken-123" not in run.stdout + run.stderr
         assert "reader" not in run.stdout + run.stderr
-    assert json.loads(runs[1].stdout)["store"] == shown and json.loads(runs[3].stdout)["store"] == shown
-    assert f"store: {shown}" in runs[0].stdout
+    assert json.loads(runs[1].stdout)["store"] == url and json.loads(runs[3].stdout)["store"] == url
+    assert f"store: {url}" in runs[0].stdout
     dead = f"http://reader:pa55-w0rd@127.0.0.1:{free_port()}/?token=t0ken-123"
     down = run_brain(home, "doctor", store_url=dead)
     assert down.returncode == 2 and "cannot reach the Chroma server at http://127.0.0.1:" in down.stderr
@@ -164,8 +170,7 @@ def test_a_chroma_server_gone_is_said_and_keyword_hits_are_not_called_strong(hom
         assert up.results[0]["title"] == "Rust ownership" and up.results[0]["strength"] == "strong"
         assert "store_down" not in up.coverage
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        stop(server)
     try:
         down = warm.search("rust borrow checker mutable borrow", k=3, expand=False)
     finally:
