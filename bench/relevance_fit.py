@@ -366,7 +366,7 @@ def main() -> None:
         models = fit(runs)
         relevance.MODEL_FILE.write_text(json.dumps({
             "about": f"fitted by bench/relevance_fit.py on {', '.join(args.sets)} (configs: {', '.join(configs)} "
-                     "unless named); features: rag_app/search/retrieve.py note_evidence",
+                     "unless named); features: rag_app/search/relevance_features.py note_evidence",
             "models": models}, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         print(f"wrote {relevance.MODEL_FILE}", file=sys.stderr)
 

@@ -32,7 +32,7 @@ from rag_app.index.docstore_health import DocstoreError, docstore_shown
 from rag_app.index.docstore_reads import stored_count
 from rag_app.index.manifest import Manifest
 from rag_app.index.private import make_home, open_home
-from rag_app.index.store import DiskFull, StoreError, disk_full
+from rag_app.index.store import DiskFull, StoreError, disk_full, store_shown
 from rag_app.ingest.capture import (
     MAX_CAPTURE_BYTES,
     MAX_TAGS,
@@ -50,7 +50,15 @@ from rag_app.ingest.memos_token import memos_token
 from rag_app.ingest.progress import Progress, channel_progress, time_left
 from rag_app.ingest.report import SourceReport, SyncReport
 from rag_app.ingest.sync import remove_source, sync_sources
-from rag_app.ingest.watch import BackgroundWatch, HomeGone, Watcher, watch_in_background
+from rag_app.ingest.watch import (
+    BackgroundWatch,
+    HomeGone,
+    WatchBusy,
+    Watcher,
+    claim_watch,
+    release_watch,
+    watch_in_background,
+)
 from rag_app.search.graph import LinkGraph
 from rag_app.search.query import MAX_QUERIES, SearchCancelled, SearchError, SearchFilters, cancelled_when
 from rag_app.search.suggest import example_questions
@@ -67,7 +75,7 @@ __all__ = ["MAX_CAPTURE_BYTES", "MAX_QUERIES", "MAX_TAGS", "MAX_TITLE_CHARS", "B
            "CaptureError", "ConfigError", "DiskFull", "HomeGone", "NoteNotFound", "Progress", "SearchCancelled",
            "SearchError",
            "SessionError", "SessionNotFound", "SourceError", "SourceReport", "StopRequested", "StoreError",
-           "SyncBusyError", "SyncReport", "stop_on_signals", "time_left"]
+           "SyncBusyError", "SyncReport", "WatchBusy", "claim_watch", "release_watch", "stop_on_signals", "time_left"]
 
 
 log = logging.getLogger("cflow_brain.engine")
@@ -246,7 +254,7 @@ class Brain:
             "chunker_version": chunker_id(self.settings.chunk_max_chars, self.settings.chunk_overlap)
             if sources else CHUNKER_VERSION,
             "home": str(self.settings.home),
-            "store": self.settings.store_url or "embedded",
+            "store": store_shown(self.settings.store_url) or "embedded",
         } | ({"docstore": self._docstore_status(notes)} if docstore else {})
 
     def _docstore_status(self, notes: int) -> dict[str, Any]:

@@ -9,12 +9,15 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import shutil
 import threading
 import time
-from collections.abc import Callable, Sequence
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import urlparse, urlsplit
 
 from rag_app.config import Settings, model_slug
 
@@ -24,6 +27,28 @@ log = logging.getLogger("cflow_brain.store")
 
 class StoreError(Exception):
     """The vector store cannot be opened or written."""
+
+
+class StoreUnreachable(StoreError):
+    """A Chroma server that cannot be reached (down, refused, timed out). A search goes on by keyword and says so."""
+
+    def __init__(self, settings: Settings):
+        super().__init__(f"cannot reach the Chroma server at {store_shown(settings.store_url)}")
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether an error (or one it came from) says a Chroma server cannot be reached, rather than that it refused a
+    request or holds no such collection."""
+    import httpx
+
+    seen: BaseException | None = exc
+    chain: list[BaseException] = []
+    while seen is not None and seen not in chain:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    return any(isinstance(e, StoreUnreachable | httpx.TransportError | ConnectionError)
+               or "could not connect to a chroma server" in str(e).lower()
+               or (isinstance(e, StoreError) and str(e).startswith("cannot reach the Chroma server")) for e in chain)
 
 
 class DiskFull(StoreError):
@@ -85,8 +110,29 @@ def collection_name(model: str) -> str:
     return COLLECTION_PREFIX + model_slug(model)
 
 
-def open_chroma(settings: Settings) -> Any:
-    """An embedded PersistentClient under the home, or an HttpClient when `store.url` is set."""
+def store_shown(url: str) -> str:
+    """A Chroma server's URL as `status`, `doctor` and messages show it: scheme://host:port/path, never a user,
+    password (user:pw@) or query (?token=...), as the PostgreSQL docstore's URL is shown. "" for the embedded store."""
+    if not url:
+        return ""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+        port = parts.port
+    except ValueError:
+        host = port = None
+    if not host:  # not a URL: still never echo what looks like credentials or a query
+        scheme, _, rest = url.rpartition("://")
+        rest = re.split(r"[?#]", rest.rpartition("@")[2], maxsplit=1)[0]
+        return f"{scheme}://{rest}" if scheme else rest
+    netloc = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{netloc}{f':{port}' if port else ''}{parts.path.rstrip('/')}"
+
+
+def open_chroma(settings: Settings, writing: bool = False) -> Any:
+    """An embedded PersistentClient under the home, or an HttpClient when `store.url` is set. `writing` (a sync, under
+    the sync lock): the embedded folder is read afresh when another process wrote it since this one last did
+    (`_forget_if_stale`)."""
     import chromadb
     from chromadb.config import Settings as ChromaSettings
 
@@ -94,7 +140,7 @@ def open_chroma(settings: Settings) -> Any:
     if settings.store_url:
         parsed = urlparse(settings.store_url)
         if not parsed.hostname:
-            raise StoreError(f"store.url must look like http://127.0.0.1:8000, got {settings.store_url!r}")
+            raise StoreError(f"store.url must look like http://127.0.0.1:8000, got {store_shown(settings.store_url)!r}")
         try:
             return chromadb.HttpClient(
                 host=parsed.hostname,
@@ -103,10 +149,69 @@ def open_chroma(settings: Settings) -> Any:
                 settings=chroma_settings,
             )
         except Exception as exc:  # chromadb raises plain ValueError/ConnectionError variants
-            raise StoreError(f"cannot reach the Chroma server at {settings.store_url}: {exc}") from None
+            raise StoreError(f"cannot reach the Chroma server at {store_shown(settings.store_url)}: {exc}") from None
     settings.chroma_path.mkdir(parents=True, exist_ok=True)
     with _OPENING:
+        _forget_if_stale(settings, writing)
         return chromadb.PersistentClient(path=str(settings.chroma_path), settings=chroma_settings)
+
+
+# Embedded Chroma keeps one system per folder per process, the folder's vector indexes in memory. Another process
+# writing the folder meanwhile (a second watcher, a `brain sync` from a terminal beside a long-running watcher or
+# server) leaves them stale: this process's next write of a chunk that process added failed ("Error finding id", a
+# sync in ~80 with two watchers). Every write leaves a mark naming the writer (`WRITER_MARK` in the folder); a sync's
+# open (under the sync lock, so no other process writes meanwhile) that finds another writer's mark lets go of the
+# system, so its client reads the folder as it is now. Only a writer does: a reader reloading while another process
+# is mid-write read half-written indexes ("Error finding id" on 1 `related` call in 20); readers keep the system they
+# have, as before. The old system is let go, not stopped (its clients may be reading); no brain code closes a Chroma
+# client, whose close() would count down the new system's references instead.
+WRITER_MARK = ".last-writer"
+_marks_seen: dict[str, str] = {}  # per Chroma folder: the mark this process last wrote or read
+
+
+def _forget_if_stale(settings: Settings, writing: bool) -> None:
+    from chromadb.api.shared_system_client import SharedSystemClient
+
+    key = str(settings.chroma_path)
+    try:
+        mark = (settings.chroma_path / WRITER_MARK).read_text(encoding="utf-8")
+    except OSError:
+        mark = ""
+    systems = SharedSystemClient._identifier_to_system
+    if key not in systems:
+        _marks_seen[key] = mark  # a new system reads the folder as it is now
+        return
+    if writing and _marks_seen.get(key, "") != mark:
+        log.info("Chroma at %s was written by another process: reading it afresh", key)
+        systems.pop(key, None)
+        SharedSystemClient._identifier_to_refcount.pop(key, None)
+        _marks_seen[key] = mark
+
+
+def wrote(settings: Settings) -> None:
+    """Leave this process's mark in the embedded Chroma folder after writing it (see `_forget_if_stale`)."""
+    if settings.store_url:
+        return
+    mark = f"{os.getpid()}-{uuid.uuid4().hex}"
+    path = settings.chroma_path / WRITER_MARK
+    try:
+        temporary = path.with_name(f"{WRITER_MARK}.{os.getpid()}")
+        temporary.write_text(mark, encoding="utf-8")
+        os.replace(temporary, path)
+    except OSError as exc:  # a full disk: the write it follows failed first, or is reported by the store itself
+        log.warning("could not mark Chroma as written: %s", exc)
+        return
+    _marks_seen[str(settings.chroma_path)] = mark
+
+
+def write_failure(settings: Settings, exc: BaseException) -> StoreError:
+    """A sync's call Chroma refused, as the store's one line: which store, the cause, that nothing was lost (never the
+    source's fault: its notes stay as they were and the next sync writes them again)."""
+    where = store_shown(settings.store_url) or f"{settings.chroma_path}"
+    cause = " ".join(str(exc).split())[:300] or type(exc).__name__
+    return StoreError(f"Chroma ({where}) refused a write: {cause}. Nothing was lost: the next sync writes it again. "
+                      "Another brain process writing it at the same time (a second `brain watch`, or a `brain sync` "
+                      "beside a long-running server) causes this; if it recurs, run brain doctor")
 
 
 # Chroma shares one system per path in a process but publishes it before it has started: a second thread opening the
@@ -145,19 +250,22 @@ class VectorIndex:
         """Write chunk vectors: the id, the vector and the note it belongs to, nothing else. A chunk's text and
         metadata have one owner, the manifest (search reads ids and distances here, never documents); a document
         here would be a second copy of every chunk, with Chroma's full-text index over it. Written in batches Chroma
-        accepts (`max_batch_size`, 5,461 for the embedded store). Returns how many were written."""
+        accepts (`max_batch_size`, 5,461 for the embedded store); a write Chroma refuses is a StoreError
+        (`write_failure`), and each write leaves this process's mark (`wrote`). Returns how many were written."""
         step = self.client.get_max_batch_size()
-        for start in range(0, len(nodes), step):
-            part = nodes[start : start + step]
-            self.collection.upsert(ids=[n.id_ for n in part], embeddings=[list(n.embedding) for n in part],
-                                   metadatas=[{"document_id": n.ref_doc_id} for n in part])
+        with writing(self.settings):
+            for start in range(0, len(nodes), step):
+                part = nodes[start : start + step]
+                self.collection.upsert(ids=[n.id_ for n in part], embeddings=[list(n.embedding) for n in part],
+                                       metadatas=[{"document_id": n.ref_doc_id} for n in part])
         return len(nodes)
 
     def forget(self, note_ids: list[str]) -> None:
         """Remove every chunk of these notes (by their document id, so orphans of a crashed run go too)."""
-        for start in range(0, len(note_ids), 200):
-            batch = note_ids[start : start + 200]
-            self.collection.delete(where={"document_id": {"$in": batch}})
+        with writing(self.settings):
+            for start in range(0, len(note_ids), 200):
+                batch = note_ids[start : start + 200]
+                self.collection.delete(where={"document_id": {"$in": batch}})
 
     def vectors_by(self, keys: dict[str, str]) -> dict[str, bytes]:
         """The stored vectors of these chunk ids, as float32 bytes under the key each id maps to."""
@@ -165,10 +273,11 @@ class VectorIndex:
 
         ids = sorted(keys)
         out: dict[str, bytes] = {}
-        for start in range(0, len(ids), 500):
-            got = self.collection.get(ids=ids[start : start + 500], include=["embeddings"])
-            for chunk_id, vector in zip(got["ids"], got["embeddings"], strict=True):
-                out[keys[chunk_id]] = np.asarray(vector, dtype=np.float32).tobytes()
+        with writing(self.settings, mark=False):  # read before a delete: a refusal is the store's, as a write's
+            for start in range(0, len(ids), 500):
+                got = self.collection.get(ids=ids[start : start + 500], include=["embeddings"])
+                for chunk_id, vector in zip(got["ids"], got["embeddings"], strict=True):
+                    out[keys[chunk_id]] = np.asarray(vector, dtype=np.float32).tobytes()
         return out
 
     def count(self) -> int:
@@ -176,6 +285,23 @@ class VectorIndex:
 
     def ids(self) -> set[str]:
         return collection_ids(self.collection)
+
+
+@contextmanager
+def writing(settings: Settings | None, mark: bool = True) -> Iterator[None]:
+    """Around a sync's call to Chroma: a refusal by Chroma itself becomes the store's StoreError (a full disk stays
+    what it is, for its own message); after a write (`mark`), this process's mark is left (`wrote`)."""
+    from chromadb.errors import ChromaError
+
+    try:
+        yield
+    except ChromaError as exc:
+        if settings is None or disk_full(exc, str(settings.home)) is not None:
+            raise
+        _marks_seen[str(settings.chroma_path)] = "\0"  # this process's system may be stale: the next open drops it
+        raise write_failure(settings, exc) from exc
+    if settings is not None and mark:
+        wrote(settings)
 
 
 def collection_ids(collection: Any) -> set[str]:

@@ -69,7 +69,7 @@ class Applier:
         if self._client is None:
             from rag_app.index.store import open_chroma
 
-            self._client = open_chroma(self.settings)
+            self._client = open_chroma(self.settings, writing=True)  # under the sync lock: reread if written since
         return self._client
 
     @property

@@ -22,7 +22,14 @@ from rag_app.index.docstore_health import DOCSTORE_FILE, DocstoreError, docstore
 from rag_app.index.docstore_reads import all_stored_hashes
 from rag_app.index.keyword_store import keyword_stamp, refresh_keyword_index, saved_keyword_ids
 from rag_app.index.manifest import Manifest
-from rag_app.index.store import COLLECTION_PREFIX, collection_ids, collection_name, exact_enough, open_chroma
+from rag_app.index.store import (
+    COLLECTION_PREFIX,
+    collection_ids,
+    collection_name,
+    exact_enough,
+    open_chroma,
+    store_shown,
+)
 from rag_app.ingest.apply import FILL_ERROR
 from rag_app.ingest.lock import SyncLock
 from rag_app.ingest.migrations import rebuild_docstore
@@ -60,8 +67,8 @@ def run_doctor(settings: Settings, repair: bool = False, compact: bool = False) 
         try:
             client = open_chroma(settings)
             findings = inspect(settings, manifest, client)
-            result: dict[str, Any] = {"store": settings.store_url or "embedded", "model": settings.model_id,
-                                      "docstore": docstore_shown(settings)}
+            result: dict[str, Any] = {"store": store_shown(settings.store_url) or "embedded",
+                                      "model": settings.model_id, "docstore": docstore_shown(settings)}
             if repair and not findings.ok:
                 # the docstore first: re-embedding a note writes through it
                 result["repair"] = {"found": findings.summary()} | repair_docstore(settings, manifest, findings)

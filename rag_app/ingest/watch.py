@@ -2,11 +2,14 @@
 change and polls Memos servers on an interval; long-running shells without a watcher refresh a stale index before a
 search, embedding in the background.
 
-Each sync takes the sync lock only while it runs, so a `brain sync` from a terminal can still get in between.
+Each sync takes the sync lock only while it runs, so a `brain sync` from a terminal can still get in between. One
+watcher per home (`watch.lock`, held while it runs): a second one would only sync the same changes again.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import threading
@@ -22,6 +25,55 @@ from rag_app.ingest.sync import sync_sources
 log = logging.getLogger("cflow_brain.watch")
 DEBOUNCE_MS = 300  # file events closer than this are one change (an editor's save is several events)
 BUSY_RETRY_SECONDS = 2.0
+
+
+class WatchBusy(SyncBusyError):
+    """Another watcher (`brain watch`, `serve --watch`, `mcp --watch`) keeps this home fresh: a second one would sync
+    every change twice, each process with its own copy of embedded Chroma's state (one went stale and failed a sync
+    in ~80 with "Error finding id"). It is refused, as a second sync is (exit 3)."""
+
+
+_CLAIMS: dict[Path, list[int]] = {}  # home → [lock fd, holders in this process]
+_CLAIMS_LOCK = threading.Lock()
+
+
+def claim_watch(home: Path) -> None:
+    """Hold `<home>/watch.lock` for this process (re-entrant within it), or raise WatchBusy naming the process that
+    holds it. The lock goes with the process: a watcher killed with -9 leaves no stale claim."""
+    home = Path(home)
+    with _CLAIMS_LOCK:
+        held = _CLAIMS.get(home)
+        if held is not None:
+            held[1] += 1
+            return
+        fd = os.open(home / "watch.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise WatchBusy(f"another watcher (pid {holder}) already keeps {home} fresh: this one is not needed "
+                            "(stop that one first to start another)") from None
+        os.ftruncate(fd, 0)
+        with contextlib.suppress(OSError):  # who holds it is only told to a second watcher (a full disk: not)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+        _CLAIMS[home] = [fd, 1]
+
+
+def release_watch(home: Path) -> None:
+    """Give up one hold of this process on the home's watch lock; the last one releases it."""
+    home = Path(home)
+    with _CLAIMS_LOCK:
+        held = _CLAIMS.get(home)
+        if held is None:
+            return
+        held[1] -= 1
+        if held[1] == 0:
+            del _CLAIMS[home]
+            with contextlib.suppress(OSError):
+                os.ftruncate(held[0], 0)
+            fcntl.flock(held[0], fcntl.LOCK_UN)
+            os.close(held[0])
 
 
 class HomeGone(Exception):
@@ -50,7 +102,15 @@ class Watcher:
 
     def run(self) -> None:
         """Block until stopped. In the main thread, SIGINT and SIGTERM stop it. HomeGone when the home folder is
-        moved, deleted or replaced meanwhile (checked at least every second and before each sync)."""
+        moved, deleted or replaced meanwhile (checked at least every second and before each sync). WatchBusy when
+        another watcher keeps this home fresh."""
+        claim_watch(self.settings.home)
+        try:
+            self._run()
+        finally:
+            release_watch(self.settings.home)
+
+    def _run(self) -> None:
         with stop_on_signals(self.stop):
             next_poll = 0.0
             for changed in self._events():  # watching starts first: a file saved during the first sync is an event
@@ -197,7 +257,7 @@ def _logged(run: Callable[[], None]) -> Callable[[], None]:
     def logged() -> None:
         try:
             run()
-        except HomeGone as exc:
+        except (HomeGone, WatchBusy) as exc:
             log.warning("watch: %s", exc)
         except Exception:
             log.exception("watch: the background watcher stopped; restart the server to watch again")

@@ -28,9 +28,10 @@ from llama_index.core.retrievers.fusion_retriever import FUSION_MODES
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
 from rag_app.config import Settings
-from rag_app.index.keyword import KeywordIndex, is_question_word, to_simplified, tokenize
+from rag_app.index.keyword import KeywordIndex, to_simplified, tokenize
 from rag_app.index.keyword_store import keyword_stamp, open_keyword_index
 from rag_app.index.manifest import Manifest
+from rag_app.index.store import StoreUnreachable, unreachable
 from rag_app.index.topics import TOPIC_MODEL, TopicIndex
 from rag_app.search import relevance
 from rag_app.search.query import (
@@ -42,6 +43,7 @@ from rag_app.search.query import (
     parse_variants,
     stop_if_cancelled,
 )
+from rag_app.search.relevance_features import Contains, QueryTerms, note_evidence
 from rag_app.search.time_phrases import extract_time_range
 from readers.records import decode_list
 
@@ -49,8 +51,6 @@ EXCERPT_CHARS = 300
 log = logging.getLogger("cflow_brain.retrieve")
 BACKGROUND_SAMPLE = 512  # chunks whose similarity to a query is its background (fixed per index generation)
 BACKGROUND_SLICES = 8  # read as this many evenly spaced runs of the collection
-_NUMBER = re.compile(r"\d")  # 2022, 3月; not 第二部 (in "第二部是谁导演的" a place in a list, not an event)
-MIN_POOL = 30  # chunks a search must be able to return before a hit's standing out means anything (note_evidence)
 GATED_SKIP = 0.01
 # The topic channel (NoteFusionRetriever._by_topic), chosen on the sample vault and semantic_dev (docs/retrieval.md)
 TOPIC_FLOOR = 0.3  # the best topic's cosine must reach this ...
@@ -111,18 +111,29 @@ class SearchIndex:
         return self._keyword
 
     def collection(self, model: str | None = None) -> Any:
-        """The Chroma collection of a dense model (the main one by default), or None before its first sync."""
+        """The Chroma collection of a dense model (the main one by default), or None before its first sync.
+        StoreUnreachable when a Chroma server cannot be reached (a search then goes on by keyword, and says so)."""
         model = model or self.settings.embedding_model
         if model not in self._collections:
             from rag_app.index.store import LiveCollection, collection_name, open_chroma
 
-            if self._client is None:
-                self._client = open_chroma(self.settings)
             try:
+                if self._client is None:
+                    self._client = open_chroma(self.settings)
                 self._collections[model] = LiveCollection(self._client, collection_name(model))
-            except Exception:  # no collection yet: nothing synced with this model
+            except Exception as exc:  # no collection yet (nothing synced with this model), or no server
+                if unreachable(exc):
+                    raise StoreUnreachable(self.settings) from exc
                 return None
         return self._collections[model]
+
+    def _reached(self, model: str) -> bool:
+        """Whether a model's collection exists; True when the server cannot be asked (the topics are in the manifest:
+        they need no Chroma)."""
+        try:
+            return self.collection(model) is not None
+        except StoreUnreachable:
+            return True
 
     def collection_size(self, model: str | None = None) -> int:
         """Chunks in a model's collection, counted once per index generation (a count costs milliseconds)."""
@@ -153,7 +164,10 @@ class SearchIndex:
         similarities to it are its background, against which a hit's similarity means the same in every query."""
         key = (model, self.stamp)
         if key not in self._backgrounds:
-            collection, size = self.collection(model), self.collection_size(model)
+            try:
+                collection, size = self.collection(model), self.collection_size(model)
+            except StoreUnreachable:  # the server went away mid-search: relevance does without, tried again next time
+                return None
             rows: list[Any] = []
             if collection is not None and size > 1:
                 # evenly spaced slices of the collection's own order: no id lookups, which another process's sync
@@ -184,7 +198,7 @@ class SearchIndex:
     def topics(self) -> TopicIndex | None:
         """The notes' topics (rag_app.index.topics), read once per index generation; None when the home has no
         fast model (USE-m3) to embed a question with, or no note yet."""
-        if TOPIC_MODEL not in self.settings.models or self.collection(TOPIC_MODEL) is None:
+        if TOPIC_MODEL not in self.settings.models or not self._reached(TOPIC_MODEL):
             return None
         stamp = self.stamp
         if self._topics is None or self._topics_stamp != stamp:
@@ -357,8 +371,19 @@ class VectorRetriever(BaseRetriever):
     def __init__(self, index: SearchIndex, top_k: int, allowed: set[str] | None, model: str | None = None):
         super().__init__()
         self.index, self.top_k, self.allowed, self.model = index, top_k, allowed, model
+        self.down: str | None = None  # why the store could not be read in this search, if it could not
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        try:
+            return self._similar(query_bundle)
+        except Exception as exc:  # a Chroma server gone: this channel says so and finds nothing; anything else raises
+            if not unreachable(exc):
+                raise
+            self.down = str(exc if isinstance(exc, StoreUnreachable) else StoreUnreachable(self.index.settings))
+            log.warning("vector channel down: %s", self.down)
+            return []
+
+    def _similar(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         collection = self.index.collection(self.model)
         size = self.index.collection_size(self.model)
         if collection is None or size == 0 or (self.allowed is not None and not self.allowed):
@@ -386,28 +411,7 @@ class VectorRetriever(BaseRetriever):
         return self.index.nodes(ranked[: self.top_k])
 
 
-@dataclass
-class QueryTerms:
-    """A query's BM25 tokens as the index sees them: the evidence behind BM25's coverage and the lexical-match term."""
-
-    tokens: list[str]
-    idfs: list[float | None]  # None: no chunk has the token
-    dfs: list[int]
-    chunks: int
-
-    def weights(self) -> np.ndarray:
-        """How much each token counts toward a chunk's share of the query: its IDF. A token no chunk has counts at
-        the highest IDF seen (a query the notes only half cover never reaches a share of 1); a question word
-        (哪一, 几个, 为何) counts nothing: no passage that answers a question says how it was asked."""
-        known = [i for i in self.idfs if i is not None]
-        ceiling = max(known) if known else 0.0
-        out = np.asarray([ceiling if i is None else i for i in self.idfs], dtype=np.float64)
-        out[[is_question_word(t) for t in self.tokens]] = 0.0
-        return out
-
-
 Lists = dict[str, list[tuple[str, float]]]
-Contains = Callable[[list[str]], np.ndarray]
 
 
 def gated_channel(config: RetrievalConfig) -> str:
@@ -599,6 +603,7 @@ class NoteFusionRetriever(QueryFusionRetriever):
     def _search(self, index: SearchIndex, query: str) -> SearchResponse:
         started = time.perf_counter()
         index.timing = _Timing()
+        self._down: list[str] = []
         mode = "bm25" if self.search_mode == "hybrid" and not index.dense else self.search_mode
         filters = self.filters
         text, time_range = extract_time_range(query, self.today)
@@ -622,9 +627,10 @@ class NoteFusionRetriever(QueryFusionRetriever):
         if mode in ("hybrid", "vector"):
             channels.append(("vector", VectorRetriever(index, config.candidates, allowed)))
         models = index.settings.models
-        if mode in ("hybrid", "vector2") and len(models) > 1 and index.collection(models[1]) is not None:
+        if mode in ("hybrid", "vector2") and len(models) > 1 and self._has_collection(index, models[1]):
             channels.append(("vector2", VectorRetriever(index, config.candidates, allowed, models[1])))
         fused = self.fuse(text, channels, config)
+        down = [r.down for _, r in channels if isinstance(r, VectorRetriever) and r.down] + self._down
         k = self.similarity_top_k
         results = collapse(index, fused, k, config.chunks_per_note, text)
         rated = time.perf_counter()
@@ -639,6 +645,9 @@ class NoteFusionRetriever(QueryFusionRetriever):
             # lookup the words answer never loads the fast model for it
             notes = {c.rsplit(":", 1)[0] for c in allowed} if allowed is not None else None
             topics_used = self._by_topic(index, text, results, notes, evidence, pool)
+        if down:  # the dense evidence was never gathered: what BM25 alone found is at most related
+            for result in results:
+                result["relevance"] = min(result["relevance"], relevance.STRONG - 0.01)
         for result in results:
             result["strength"] = relevance.strength(result["relevance"])
         results = relevance.reading_order(results)
@@ -656,11 +665,21 @@ class NoteFusionRetriever(QueryFusionRetriever):
             "notes_considered": len({n.node.metadata.get("note_id") for n in fused}),
             "topics": topics_used,
         }
+        if down:
+            coverage["store_down"] = down[0]
         state = relevance.answer_state(results)
         return SearchResponse(query, results, coverage,
                               {"total_ms": total_ms, "embed_ms": index.timing.embed_ms,
                                "ours_ms": total_ms - index.timing.embed_ms, "relevance_ms": rate_ms},
                               state == "not_found", evidence, state)
+
+    def _has_collection(self, index: SearchIndex, model: str) -> bool:
+        """Whether a dense model has a collection to search; a store that cannot be reached is noted (`_down`)."""
+        try:
+            return index.collection(model) is not None
+        except StoreUnreachable as exc:
+            self._down.append(str(exc))
+            return False
 
     def _by_topic(self, index: SearchIndex, text: str, results: list[dict[str, Any]], notes: set[str] | None,
                   evidence: dict[str, list[tuple[str, dict[str, float]]]], pool: int) -> bool:
@@ -873,136 +892,6 @@ def collapse(index: SearchIndex, fused: list[NodeWithScore], k: int, per_note: i
         seen_hash[digest] = result
         results.append(result)
     return results
-
-
-def note_evidence(index: SearchIndex, fusion: NoteFusionRetriever, note_ids: list[str],
-                  pool: int) -> dict[str, list[tuple[str, dict[str, float]]]]:
-    """Per note, for the question and then each variant: the relevance model's key (the channels that gave evidence;
-    "" when none did) and the evidence it reads (rag_app.search.relevance), from the note's chunks among every channel's
-    candidates. Lexical features come from BM25's postings, dense ones from the channel's own list (a note below its
-    list scores at the list's floor) against the query's background.
-
-    `pool` is how many chunks the search could return (the home, or what its filters allow). Below MIN_POOL a hit
-    cannot stand out of a list or a background (three notes give three scores), so only the lexical evidence is
-    read: a note with the query's words is still found to answer it; a match by meaning alone stays a lead."""
-    chunks_of: dict[str, list[str]] = {n: [] for n in note_ids}
-    meta_of: dict[str, dict[str, Any]] = {}
-    note_by_chunk: dict[str, str] = {}
-    for hits in fusion.results.values():
-        for hit in hits:
-            note = str(hit.node.metadata.get("note_id"))
-            note_by_chunk[hit.node.node_id] = note
-            if note in chunks_of and hit.node.node_id not in chunks_of[note]:
-                chunks_of[note].append(hit.node.node_id)
-                meta_of.setdefault(note, hit.node.metadata)
-    models = dict(zip(("vector", "vector2"), index.settings.models, strict=False))
-    title_tokens = {n: set(tokenize(f"{m.get('title') or ''} {' '.join(decode_list(m.get('tags')))}"))
-                    for n, m in meta_of.items()}
-    small = pool < MIN_POOL
-    out: dict[str, list[tuple[str, dict[str, float]]]] = {n: [] for n in note_ids}
-    for query in fusion.queries_run:
-        lists = fusion._lists(query, fusion.results)
-        features: dict[str, dict[str, float]] = {n: {} for n in note_ids}
-        ran: list[str] = []
-        for name, hits in lists.items():
-            if (query, name) in fusion.skipped_runs or (name != "bm25" and (not hits or small)):
-                continue
-            if name == "bm25":
-                _lexical_features(fusion, query, chunks_of, title_tokens, features, small, note_by_chunk)
-                ran.append(name)
-            elif _dense_features(index, query, models[name], hits, chunks_of, features, pool):
-                ran.append(name)
-        if not ran:  # kept in its place: the question's evidence comes first (relevance.combined)
-            for note in note_ids:
-                out[note].append(("", {}))
-            continue
-        tops = [{note_by_chunk.get(c) for c, _ in lists[name][:3]} for name in ran]
-        key = relevance.channel_key("bm25" if name == "bm25" else relevance.dense_family(models[name]) for name in ran)
-        for note in note_ids:
-            features[note][relevance.AGREE] = sum(note in top for top in tops) / len(tops)
-            out[note].append((key, features[note]))
-    return out
-
-
-def _lexical_features(fusion: NoteFusionRetriever, query: str, chunks_of: dict[str, list[str]],
-                      title_tokens: dict[str, set[str]], features: dict[str, dict[str, float]], small: bool,
-                      note_by_chunk: dict[str, str]) -> None:
-    """Per note: the share of the query's IDF mass its best chunk holds, how far that stands above the best other
-    note among the query's candidates (several notes holding the query alike make any one of them less surely the
-    answer), the share its title and tags hold, how much of the query the notes know at all, how far its BM25 score
-    stands out of BM25's list, and what of the query's specifics its best chunk lacks. In a `small` pool a word no
-    note has says nothing (a handful of notes lacks most words): shares are of the known words."""
-    terms, contains = fusion._evidence(query)
-    if terms is None:
-        return
-    weights = terms.weights()
-    unknown = np.asarray([i is None for i in terms.idfs], dtype=bool)
-    if small:
-        weights = np.where(unknown, 0.0, weights)
-    total = float(weights.sum())
-    known = float(weights[~unknown].sum()) / total if total > 0 else 0.0
-    lists = fusion._lists(query, fusion.results)
-    every = list(dict.fromkeys([c for chunks in chunks_of.values() for c in chunks]
-                               + [c for hits in lists.values() for c, _ in hits]))
-    matrix = contains(every) if every else np.zeros((0, len(weights)), dtype=bool)
-    row = {chunk_id: i for i, chunk_id in enumerate(every)}
-    share = matrix @ weights / total if total > 0 else np.zeros(len(every))
-    best_of: dict[str, float] = {}
-    for chunk_id, value in zip(every, share, strict=True):
-        note = note_by_chunk.get(chunk_id, chunk_id)
-        best_of[note] = max(best_of.get(note, 0.0), float(value))
-    gaps = _list_gaps([] if small else lists["bm25"], chunks_of)
-    for note, chunks in chunks_of.items():
-        held = matrix[[row[c] for c in chunks]] if chunks else np.zeros((1, len(weights)), dtype=bool)
-        covered = held @ weights
-        lexical = float(covered.max()) / total if total > 0 else 0.0
-        rival = max((v for other, v in best_of.items() if other != note), default=0.0)
-        titled = sum(w for t, w in zip(terms.tokens, weights, strict=True) if t in title_tokens.get(note, ()))
-        features[note].update(lexical=lexical, lexical_margin=lexical - rival, known=known,
-                              title=float(titled) / total if total > 0 else 0.0, bm25_gap=gaps[note],
-                              **specifics(terms.tokens, weights, held[int(covered.argmax())]))
-
-
-def specifics(tokens: list[str], weights: np.ndarray, best: np.ndarray) -> dict[str, float]:
-    """What a passage about another event lacks although it holds most of the query's words (`best`: which of the
-    query's tokens the note's best chunk holds): the query's numbers (2022年, 3月) missing there, and its rarest
-    content word missing there."""
-    numbers = np.asarray([bool(_NUMBER.search(t)) for t in tokens], dtype=bool) & (weights > 0)
-    return {"number_missed": float((numbers & ~best).sum() / numbers.sum()) if numbers.any() else 0.0,
-            "rarest_missed": float(not best[int(weights.argmax())]) if weights.size and weights.max() > 0 else 0.0}
-
-
-def _list_gaps(hits: list[tuple[str, float]], chunks_of: dict[str, list[str]]) -> dict[str, float]:
-    """How far each note's best score stands above its channel's list, in the list's standard deviations (a note
-    below the list sits at its floor): an answer usually stands out; for a question nothing answers, nothing does."""
-    if len(hits) < 3:
-        return {note: 0.0 for note in chunks_of}
-    values = np.asarray([score for _, score in hits], dtype=np.float64)
-    mean, std = float(values.mean()), float(values.std()) or 1e-6
-    scores = dict(hits)
-    return {note: (max((scores[c] for c in chunks if c in scores), default=float(values[-1])) - mean) / std
-            for note, chunks in chunks_of.items()}
-
-
-def _dense_features(index: SearchIndex, query: str, model: str, hits: list[tuple[str, float]],
-                    chunks_of: dict[str, list[str]], features: dict[str, dict[str, float]], pool: int) -> bool:
-    """z-score of the note's best similarity over the query's background, less the expected best of `pool` draws
-    (sqrt(2 ln N)): an unrelated query's best hit among more chunks stands further out by chance alone; and how far
-    it stands out of the channel's own list. False (nothing set) when the model has no background yet."""
-    background = index.similarity_background(query, model)
-    if background is None:
-        return False
-    mean, std = background
-    family = relevance.dense_family(model)
-    scores = dict(hits)
-    floor = hits[-1][1]
-    chance = float(np.sqrt(2 * np.log(max(min(pool, index.collection_size(model)), 2))))
-    gaps = _list_gaps(hits, chunks_of)
-    for note, chunks in chunks_of.items():
-        best = max((scores[c] for c in chunks if c in scores), default=floor)
-        features[note][family] = (best - mean) / std - chance
-        features[note][f"{family}_gap"] = gaps[note]
-    return True
 
 
 def _result(note_id: str, hits: list[NodeWithScore], terms: list[str]) -> dict[str, Any]:

@@ -32,6 +32,9 @@ from rag_app.engine import (
     StoreError,
     SyncBusyError,
     SyncReport,
+    WatchBusy,
+    claim_watch,
+    release_watch,
     time_left,
 )
 from rag_app.shells import warm_engine
@@ -387,10 +390,20 @@ def _time_filter_line(coverage: dict[str, Any]) -> str | None:
     return f"(time filter from \"{_plain(phrase['phrase'])}\": {phrase['since']} – {phrase['until']})"
 
 
+def _store_down_line(coverage: dict[str, Any]) -> str | None:
+    """One line when the vector channel could not be read (a Chroma server down): found by keyword only."""
+    if not coverage.get("store_down"):
+        return None
+    return (f"brain: the vector channel is down ({_plain(coverage['store_down'])}): found by keyword only, "
+            "nothing labelled strong")
+
+
 def _print_results(response: Any) -> None:
     time_filter = _time_filter_line(response.coverage)
     if time_filter:
         click.echo(time_filter)
+    if _store_down_line(response.coverage):
+        click.echo(_store_down_line(response.coverage), err=True)
     if not response.results:
         click.echo("no matching notes")
         return
@@ -465,6 +478,8 @@ def ask_command(ctx: click.Context, question: str, k: int, session: str | None, 
     for citation in response.citations:
         click.echo(f"  [{citation['n']}] {_plain(citation['title'])} — "
                    f"{_plain(citation.get('url') or citation.get('path'))} ({citation['strength']})")
+    if _store_down_line(coverage):
+        click.echo(_store_down_line(coverage), err=True)
     if coverage.get("llm_error"):
         click.echo(f"brain: LLM unavailable ({_plain(coverage['llm_error'])}); showing passages", err=True)
     elif coverage.get("llm_missing"):
@@ -571,6 +586,7 @@ def watch(ctx: click.Context, vaults: tuple[str, ...], memos: tuple[str, ...], i
     brain = _open(ctx, create=True)
     with _reported():
         specs = brain.resolve_sources(vaults, memos)
+        claim_watch(brain.settings.home)  # another watcher keeps this home fresh: one line, exit 3
 
     said: dict[str, str | None] = {}  # the failure last reported per source: a failure that persists is said once
 
@@ -653,11 +669,18 @@ def kept_fresh(brain: Brain, watch_sources: bool, interval: float) -> Iterator[B
         return
     with _reported():
         specs = brain.resolve_sources()
+    try:
+        claim_watch(brain.settings.home)
+    except WatchBusy as exc:  # `brain watch` (or another server) keeps it fresh already: serve without a watcher
+        click.echo(f"brain: not watching: {exc}", err=True)
+        yield None
+        return
     watcher = brain.watch_in_background(specs, interval)
     try:
         yield watcher
     finally:
         watcher.stop()
+        release_watch(brain.settings.home)
 
 
 @main.command(short_help="The chat page in your browser.")

