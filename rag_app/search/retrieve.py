@@ -556,7 +556,7 @@ class NoteFusionRetriever(QueryFusionRetriever):
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 100:
             raise SearchError(f"k must be between 1 and 100, got {k}")
         if mode not in MODES:
-            raise SearchError(f"mode must be hybrid, bm25 or vector, got {mode!r}")
+            raise SearchError(f"mode must be {', '.join(MODES[:-1])} or {MODES[-1]}, got {mode!r}")
         self._index_of = index if callable(index) else (lambda: index)
         self.filters = filters or SearchFilters()
         self.search_mode = mode

@@ -503,7 +503,7 @@ def test_the_retriever_takes_no_channel_weights(sample_brain):
         NoteFusionRetriever(sample_brain.searcher(), 5, retriever_weights=[0.5, 0.5])  # type: ignore[call-arg]
     with pytest.raises(SearchError, match="k must be between 1 and 100"):
         sample_brain.as_retriever(0)
-    with pytest.raises(SearchError, match="mode must be"):
+    with pytest.raises(SearchError, match="^mode must be hybrid, bm25, vector or vector2, got 'semantic'$"):
         sample_brain.as_retriever(5, mode="semantic")
 
 
