@@ -468,20 +468,28 @@ def confidence(scores: list[float]) -> float:
 
 
 def gated_out(lists: Lists, terms: QueryTerms | None, contains: Contains, config: RetrievalConfig) -> bool:
-    """Whether the gated channel, not yet run, would carry under 1 % of the fused weight even at its highest
-    confidence: then running it cannot change the ranking (measured on the dev sets), so it is skipped."""
-    coverage = bm25_coverage(lists, terms, contains)
+    """Whether the gated channel would carry under GATED_SKIP (1 %) of the fused weight even at its highest
+    confidence, judged by the other channels' lists alone (its own, if given, are left out). Below that gate it
+    carries no weight at all (`fuse_query`), so whether it runs cannot change the ranking, and the search skips it."""
+    gated = gated_channel(config)
+    others = {n: hits for n, hits in lists.items() if n != gated}
+    coverage = bm25_coverage(others, terms, contains)
     if config.fusion != "adaptive" or coverage is None:
         return False
-    others = sum(channel_weight(n, [s for _, s in hits], coverage, config) for n, hits in lists.items())
-    return channel_weight(gated_channel(config), None, coverage, config) < GATED_SKIP * others
+    weight = sum(channel_weight(n, [s for _, s in hits], coverage, config) for n, hits in others.items())
+    return channel_weight(gated, None, coverage, config) < GATED_SKIP * weight
 
 
 def fuse_query(lists: Lists, terms: QueryTerms | None, contains: Contains, config: RetrievalConfig,
                candidates: list[str] | None = None, weights_out: dict[str, float] | None = None) -> dict[str, float]:
     """One query's fused score per chunk: each channel's reciprocal ranks, weighted per query (adaptive), plus the
-    lexical-match term for every candidate (all chunks any channel found, or `candidates`)."""
+    lexical-match term for every candidate (all chunks any channel found, or `candidates`). The gated channel
+    counts only above its gate (`gated_out`): below it, its list is ignored, so a search that skipped it ranks
+    exactly as one that ran it (a near-tie its small weight would have flipped stays as it is)."""
     total = sum(base_weight(n, config) for n in lists) or 1.0
+    gated = gated_channel(config)
+    if lists.get(gated) and gated_out(lists, terms, contains, config):
+        lists = {**lists, gated: []}
     coverage = bm25_coverage(lists, terms, contains)
     fused: dict[str, float] = {}
     for name, hits in lists.items():
@@ -715,13 +723,16 @@ class NoteFusionRetriever(QueryFusionRetriever):
             return self._reciprocal_rerank_fusion(self._run_sync_queries(queries))[: config.candidates]
 
     def _run_sync_queries(self, queries: list[QueryBundle]) -> dict[tuple[str, int], list[NodeWithScore]]:
-        """As QueryFusionRetriever's, except that the gated channel (run last) is not run when, even at its highest
-        confidence, it would carry under 1 % of the fused weight: rankings are unchanged (measured on the dev sets)
-        and a cold search of a query whose words are in the notes does not load the second model at all."""
+        """As QueryFusionRetriever's, except that the gated channel (run after the others) is not run when, even at
+        its highest confidence, it would carry under 1 % of the fused weight: below that gate the fusion gives it no
+        weight (`fuse_query`), so the ranking is the same as if it had run, and a cold search of a query whose words
+        are in the notes does not load the second model at all."""
         results: dict[tuple[str, int], list[NodeWithScore]] = {}
+        order = sorted(range(len(self._retrievers)), key=lambda i: self.names[i] == self.gated)
         for query in queries:
             text = query.query_str
-            for i, retriever in enumerate(self._retrievers):
+            for i in order:
+                retriever = self._retrievers[i]
                 if self.names[i] == self.gated and gated_out(self._lists(text, results), *self._evidence(text),
                                                              self.config):
                     self.channel_skipped[self.names[i]] += 1
