@@ -28,7 +28,7 @@ from llama_index.core.retrievers.fusion_retriever import FUSION_MODES
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
 from rag_app.config import Settings
-from rag_app.index.keyword import KeywordIndex, is_question_word, to_simplified, tokenize
+from rag_app.index.keyword import KeywordIndex, is_question_word, query_words, to_simplified, tokenize
 from rag_app.index.keyword_store import keyword_stamp, open_keyword_index
 from rag_app.index.manifest import Manifest
 from rag_app.index.topics import TOPIC_MODEL, TopicIndex
@@ -808,7 +808,7 @@ def _topic_results(index: SearchIndex, note_ids: list[str], best: dict[str, tupl
         heading = str(meta.get("heading") or "").rsplit(" › ", 1)[-1]
         rows.setdefault(note_id, []).append((int(meta.get("chunk", 0)), heading, chunk_id))
     out = []
-    terms = _highlight_terms(query)
+    terms = [w.lower() for w in query_words(query, both_scripts=True)]
     for note_id in note_ids:
         chunks = sorted(rows.get(note_id, []))
         if not chunks:
@@ -870,7 +870,7 @@ def collapse(index: SearchIndex, fused: list[NodeWithScore], k: int, per_note: i
     texts = index.manifest.chunks_of_notes(order[: k * 2])
     seen_hash: dict[str, dict[str, Any]] = {}
     results: list[dict[str, Any]] = []
-    terms = _highlight_terms(query)
+    terms = [w.lower() for w in query_words(query, both_scripts=True)]
     for note_id in order:
         if len(results) >= k:
             break
@@ -1039,11 +1039,6 @@ def _result(note_id: str, hits: list[NodeWithScore], terms: list[str]) -> dict[s
         duplicates=[],
     )
     return result
-
-
-def _highlight_terms(query: str) -> list[str]:
-    terms = [t for t in tokenize(query) if len(t) > 1]
-    return sorted(set(terms), key=len, reverse=True)
 
 
 def excerpt(text: str, terms: list[str], limit: int = EXCERPT_CHARS) -> str:
