@@ -97,15 +97,20 @@ def sync_limits(defaults: bool) -> None:
         double.faults.clear()
 
 
+_conversation: dict[str, object] = {}
+
+
 def long_conversation() -> None:
-    """test_a_long_conversation_shows_its_last_turns_and_loads_earlier_ones_on_request."""
+    """test_a_long_conversation_shows_its_last_turns_and_loads_earlier_ones_on_request. The home (the sample vault
+    and one real turn copied to 20,000) is built once per run; each trial opens a fresh copy of it."""
     from rag_app.engine import Brain
     from rag_app.shells import page as app
     from tests.conftest import SAMPLE_VAULT
     from tests.test_app import Tab, ask, repeat_turn
 
-    with tempfile.TemporaryDirectory() as root:
-        home = Path(root) / "home"
+    if not _conversation:
+        root = Path(tempfile.mkdtemp())
+        home = root / "home"
         brain = Brain(home)
         brain.sync(vaults=(str(SAMPLE_VAULT),))
         brain.close()
@@ -113,18 +118,20 @@ def long_conversation() -> None:
         _, session, _, _ = ask(first)[-1]
         first.close()
         repeat_turn(home, session, 20_000)
-        copy = Path(root) / "copy"
-        shutil.copytree(home, copy)
-        fresh = app.ChatPage(Brain(copy), obsidian=True)
-        tracemalloc.start()
-        started = time.monotonic()
-        try:
-            fresh.load(Tab("t", session))
-            seconds, peak = time.monotonic() - started, tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
-            fresh.close()
-        report("page: open a 20,000-turn conversation", seconds, f"peak traced {peak / 2**20:.1f} MiB")
+        _conversation.update(root=root, home=home, session=session)
+    root, session = Path(str(_conversation["root"])), str(_conversation["session"])
+    copy = root / f"copy-{len(seconds_of['page: open a 20,000-turn conversation'])}"
+    shutil.copytree(Path(str(_conversation["home"])), copy)
+    fresh = app.ChatPage(Brain(copy), obsidian=True)
+    tracemalloc.start()
+    started = time.monotonic()
+    try:
+        fresh.load(Tab("t", session))
+        seconds, peak = time.monotonic() - started, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        fresh.close()
+    report("page: open a 20,000-turn conversation", seconds, f"peak traced {peak / 2**20:.1f} MiB")
 
 
 def main() -> None:
@@ -144,6 +151,8 @@ def main() -> None:
             sync_limits(defaults=True)
         if "page" in parts:
             long_conversation()
+    if _conversation:
+        shutil.rmtree(Path(str(_conversation["root"])), ignore_errors=True)
     print("\nmedians:")
     for name, values in seconds_of.items():
         print(f"  {name}: {statistics.median(values):.2f} s (min {min(values):.2f}, max {max(values):.2f})")

@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from rag_app.answers.answer import query_words
+from rag_app.answers.answer import query_words  # the index's extractor, as answers use it (a shell reads no index)
 from readers.markdown_syntax import HAN, fence_opening, readable_wikilinks
 
 __all__ = ["PASSAGE_CHARS", "PREVIEW_CHARS", "REPLY_CHARS", "PREVIEW_CHARS_BY_STRENGTH", "brief_result",
