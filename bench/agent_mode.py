@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import sys
 from pathlib import Path
@@ -29,18 +28,18 @@ from eval_sets import load_set, materialise, ready_home  # noqa: E402
 from metrics import summarise  # noqa: E402
 
 from rag_app.engine import Brain  # noqa: E402
+from readers.markdown_syntax import HAN  # noqa: E402
 from tools.function_tools import BrainTools  # noqa: E402
 
 OUT = Path(__file__).parent / "out"
 VARIANTS = Path(__file__).parent / "agent_variants"
 K = 10
 READS = 3  # the Skill: get_note for the few strong hits
-_HAN = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
 
 
 def tokens(text: str) -> float:
     """An estimate without a tokenizer: Chinese characters ÷ 1.5, the rest ÷ 4."""
-    han = len(_HAN.findall(text))
+    han = len(HAN.findall(text))
     return han / 1.5 + (len(text) - han) / 4
 
 

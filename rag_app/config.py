@@ -89,12 +89,6 @@ def memos_source(url: str) -> SourceSpec:
     return SourceSpec.from_dict({"kind": "memos", "url": url.strip().rstrip("/")})
 
 
-def check_memos_url(url: str, name: str) -> None:
-    """A Memos URL is http(s)://host[:port][/path]: anything else is a typo, refused before it is remembered."""
-    if not _is_memos_url(url):
-        raise ConfigError(f"source {name!r}: {_MEMOS_URL_RULE}, got {url!r}")
-
-
 _MEMOS_URL_RULE = "the Memos URL must look like https://memos.example.com (http or https, then a host)"
 
 

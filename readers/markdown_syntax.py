@@ -1,4 +1,5 @@
-"""Markdown conventions shared by the readers: frontmatter, #tags, [[wikilinks]], headings, code fences."""
+"""Markdown conventions shared by the readers and every layer above them: frontmatter, #tags, [[wikilinks]] and what
+they show, headings, code fences, and which characters are Han. Each is written once, here."""
 
 from __future__ import annotations
 
@@ -8,7 +9,17 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-_FENCE = re.compile(r"(`{3,}|~{3,})")
+# Han characters: CJK Unified Ideographs, Extension A and the Compatibility Ideographs (not the Yijing hexagram
+# symbols between Extension A and the main block, nor kana or hangul).
+HAN_CHARS = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+HAN = re.compile(f"[{HAN_CHARS}]")
+HAN_RUN = re.compile(f"[{HAN_CHARS}]+")
+# A fenced code block opens on a line whose first non-blank characters are three or more backticks or tildes (a
+# backtick fence's info string holds no backtick: ```a`b is inline code) and closes on a line that is a run of the
+# same character at least as long with nothing after it that could name a language (```python opens, never closes;
+# ``` --> closes), else at the end of the text. Any indentation: a fence in a list item is indented under it, and
+# a line indented less than its opening fence ends it unclosed (the list item has ended, and the block with it).
+_FENCE = re.compile(r"\s*(`{3,}|~{3,})(.*)")
 _INLINE_CODE = re.compile(r"(`+)(?!`).*?(?<!`)\1(?!`)")
 # A tag starts after whitespace, an opening bracket or at line start, like Obsidian and Memos (`#([^\s#,]+)`), but
 # not in a link anchor `[x](#part)`; it stops at punctuation (ASCII or CJK).
@@ -16,33 +27,61 @@ _TAG = re.compile(
     r"(?<![^\s(（])(?<!\]\()#"
     r"([^\s#,.;:!?，。；：！？、()（）\[\]{}\"'“”‘’<>|`*~@$%^&=+\\《》「」『』【】…]+)"
 )
-_WIKILINK = re.compile(r"(!?)\[\[([^\[\]|#\n]*)(#[^\[\]|\n]*)?(?:\|([^\[\]\n]*))?\]\]")
+# [[target#heading|alias]], ![[embed]]: groups embed mark, target, #heading (nested: #h1#h2), alias; one line.
+WIKILINK = re.compile(r"(!?)\[\[([^\[\]|#\n]*)(#[^\[\]|\n]*)?(?:\|([^\[\]\n]*))?\]\]")
 # CommonMark ATX heading: up to 3 spaces of indent; a closing run of '#' only counts after a space (`# C#` is "C#").
-_H1 = re.compile(r"^ {0,3}#[ \t]+(.+?)(?:[ \t]+#+)?[ \t]*$")
+_HEADING = re.compile(r"^ {0,3}(#{1,6})[ \t]+(.+?)(?:[ \t]+#+)?[ \t]*$")
+_ITEM = re.compile(r"^\s*(?:[-*+]|\d{1,3}[.)])\s+")
 _NON_NOTE_EMBED = re.compile(
     r"\.(png|jpe?g|gif|bmp|svg|webp|avif|pdf|mp3|m4a|ogg|flac|wav|3gp|mp4|webm|ogv|mov|mkv|excalidraw|canvas)$",
     re.IGNORECASE,
 )
 
 
+def fence_opening(line: str) -> str:
+    """The fence (``` or ~~~, perhaps longer) if this line opens a fenced code block, else ''."""
+    match = _FENCE.fullmatch(line.rstrip("\r\n"))
+    if not match or (match.group(1)[0] == "`" and "`" in match.group(2)):
+        return ""
+    return match.group(1)
+
+
+def closes_fence(line: str, fence: str) -> bool:
+    """Whether this line closes the block `fence` opened: a run of its character at least as long, then nothing that
+    could name a language."""
+    stripped = line.strip()
+    return stripped.startswith(fence) and not re.search(r"\w", stripped.lstrip(fence[0]))
+
+
+def fenced_block_end(lines: list[str], start: int) -> tuple[int, bool]:
+    """The fenced block opened at `lines[start]`: the index after its last line, and whether a closing fence ends it
+    (not: the text ended, or a line indented less than the opening fence did)."""
+    fence, indent = fence_opening(lines[start]), _indent(lines[start])
+    for j in range(start + 1, len(lines)):
+        if closes_fence(lines[j], fence):
+            return j + 1, True
+        if indent and lines[j].strip() and _indent(lines[j]) < indent:
+            return j, False
+    return len(lines), False
+
+
+def _indent(line: str) -> int:
+    expanded = line.expandtabs(4)
+    return len(expanded) - len(expanded.lstrip())
+
+
 def _blank_fences(text: str) -> list[str]:
-    """The lines of `text`, with fenced code blocks (``` or ~~~, closed by a run at least as long) blanked."""
-    out: list[str] = []
-    fence = ""
-    for line in text.split("\n"):
-        stripped = line.strip()
-        if fence:
-            if stripped.startswith(fence) and not stripped.strip(fence[0]):
-                fence = ""
-            out.append("")
-            continue
-        match = _FENCE.match(stripped)
-        if match:
-            fence = match.group(1)
-            out.append("")
-            continue
-        out.append(line)
-    return out
+    """The lines of `text`, with fenced code blocks (fences included) blanked."""
+    lines = text.split("\n")
+    i = 0
+    while i < len(lines):
+        if fence_opening(lines[i]):
+            end, _ = fenced_block_end(lines, i)
+            lines[i:end] = [""] * (end - i)
+            i = end
+        else:
+            i += 1
+    return lines
 
 
 def strip_code(text: str) -> str:
@@ -73,7 +112,7 @@ class WikiLink:
 def parse_wikilinks(text: str) -> list[WikiLink]:
     """`[[note]]`, `[[note|alias]]`, `[[note#heading]]` and note embeds, outside code; attachments are not links."""
     links: list[WikiLink] = []
-    for match in _WIKILINK.finditer(strip_code(text)):
+    for match in WIKILINK.finditer(strip_code(text)):
         # Inside a table the alias pipe is escaped (`[[note\|alias]]`): the backslash is not part of the name.
         target = match.group(2).strip().rstrip("\\").strip()
         if not target or _NON_NOTE_EMBED.search(target):
@@ -83,13 +122,100 @@ def parse_wikilinks(text: str) -> list[WikiLink]:
     return links
 
 
+def wikilink_shown(match: re.Match[str]) -> str:
+    """What Obsidian shows for a WIKILINK match: its alias, else its target and heading (`note › heading`, nested
+    headings joined the same way, a block reference's ^ dropped); a pipe escaped in a table (`[[note\\|alias]]`)
+    leaves no backslash."""
+    alias = (match.group(4) or "").strip()
+    if alias:
+        return alias
+    target = match.group(2).strip().rstrip("\\").strip()
+    headings = [h.strip().removeprefix("^").rstrip("\\").strip() for h in (match.group(3) or "").split("#")]
+    return " › ".join(part for part in (target, *headings) if part)
+
+
+def readable_wikilinks(text: str) -> str:
+    """Text with each wikilink as what Obsidian shows for it ([[a|b]] → b, [[a#h]] → a › h, ![[x.png]] → x.png)."""
+    return WIKILINK.sub(wikilink_shown, text)
+
+
 def first_h1(text: str) -> str:
     """The first level-one heading outside code blocks, or ''; inline code in the heading is kept."""
     for line in _blank_fences(text):
-        match = _H1.match(line)
-        if match:
-            return match.group(1).strip()
+        match = _HEADING.match(line)
+        if match and len(match.group(1)) == 1:
+            return match.group(2).strip()
     return ""
+
+
+@dataclass(frozen=True)
+class Block:
+    """One block of a note: a heading, fenced code (fences included; `closed` false when the note ends inside it), a
+    table (consecutive `|` lines), a list item (with its indented continuation lines), or a paragraph."""
+
+    kind: str  # heading, code, table, item, text
+    lines: tuple[str, ...]  # as written
+    path: tuple[tuple[int, str], ...]  # the headings it sits under (level, title), outermost first; a heading: its own
+    # last
+    after_blank: bool  # a blank line (or the note's start) comes before it
+    closed: bool = True
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+def markdown_blocks(text: str) -> list[Block]:
+    """A note's blocks in order: the one block parser (chunks, answers). Line-based and as fast as reading the lines
+    (markdown-it-py, which the page renders with, parses ~20x slower: too slow for a sync of every note); headings,
+    fences and indentation follow CommonMark, blank lines separate blocks, and a paragraph ends where a heading,
+    fence, list item or table row starts."""
+    blocks: list[Block] = []
+    path: list[tuple[int, str]] = []
+    lines = text.replace("\r\n", "\n").split("\n")
+    blank = True
+    i = 0
+
+    def add(kind: str, end: int, closed: bool = True) -> None:
+        blocks.append(Block(kind, tuple(lines[i:end]), tuple(path), blank, closed))
+
+    while i < len(lines):
+        line = lines[i]
+        if not line.strip():
+            blank, i = True, i + 1
+            continue
+        if fence_opening(line):
+            end, closed = fenced_block_end(lines, i)
+            add("code", end, closed)
+            i = end
+        elif heading := _HEADING.match(line):
+            level = len(heading.group(1))
+            path = [(lvl, title) for lvl, title in path if lvl < level] + [(level, heading.group(2).strip())]
+            add("heading", i + 1)
+            i += 1
+        elif line.lstrip().startswith("|"):
+            j = next((j for j in range(i, len(lines)) if not lines[j].lstrip().startswith("|")), len(lines))
+            add("table", j)
+            i = j
+        elif _ITEM.match(line):
+            j = i + 1
+            while (j < len(lines) and lines[j].strip() and lines[j][:1] in (" ", "\t") and not _ITEM.match(lines[j])
+                   and not fence_opening(lines[j])):  # a fence in an item is code of its own
+                j += 1
+            add("item", j)
+            i = j
+        else:
+            j = i + 1
+            while j < len(lines) and lines[j].strip() and not _starts_block(lines[j]):
+                j += 1
+            add("text", j)
+            i = j
+        blank = False
+    return blocks
+
+
+def _starts_block(line: str) -> bool:
+    return bool(fence_opening(line) or _HEADING.match(line) or _ITEM.match(line) or line.lstrip().startswith("|"))
 
 
 # What a frontmatter block may cost once its YAML aliases are expanded (by anything that walks or prints its values):

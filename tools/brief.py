@@ -11,6 +11,9 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from rag_app.answers.answer import query_words  # the index's extractor, as answers use it (a shell reads no index)
+from readers.markdown_syntax import HAN, fence_opening, readable_wikilinks
+
 __all__ = ["PASSAGE_CHARS", "PREVIEW_CHARS", "REPLY_CHARS", "PREVIEW_CHARS_BY_STRENGTH", "brief_result",
            "brief_results", "passages", "preview", "query_terms"]
 
@@ -24,27 +27,16 @@ PASSAGE_CHARS = 1_000
 NAMING_KEYS = ("note_id", "title", "path", "url")
 DATE_KEYS = ("created", "updated")
 
-_CJK = r"\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
-_TERM = re.compile(rf"[{_CJK}]+|[^\W_{_CJK}]{{2,}}")
 _SENTENCE_END = re.compile(r"(?<=[。！？；!?;])|(?<=[.…])\s+")
 _LINE_MARK = re.compile(r"^\s*(?:#{1,6}\s+|>\s*|[-*+]\s+(?:\[[ xX]\]\s+)?|\d+[.)]\s+)")
 _TABLE_RULE = re.compile(r"^\s*\|?\s*:?-{2,}:?\s*(?:\|\s*:?-{2,}:?\s*)*\|?\s*$")
-_WIKILINK = re.compile(r"\[\[(?:[^\]|]*\|)?([^\]]*)\]\]")
 _EMPHASIS = re.compile(r"\*\*|__|~~")
-_FENCE = re.compile(r"^\s*(```|~~~)")
 
 
 def query_terms(queries: Iterable[str]) -> set[str]:
-    """What a passage is matched on: English words (2+ letters, lower case) and Chinese character pairs (a run of
-    Han characters has no spaces; its bigrams find 电影 in 电影清单 without a segmenter)."""
-    terms: set[str] = set()
-    for query in queries:
-        for run in _TERM.findall(query.lower()):
-            if _is_cjk(run):
-                terms.update(run[i:i + 2] for i in range(max(1, len(run) - 1)))
-            else:
-                terms.add(run)
-    return terms
+    """What a passage is matched on: the queries' words (`query_words`, in both scripts, one-character words too),
+    lower case."""
+    return {word.lower() for query in queries for word in query_words(query, both_scripts=True, lone_characters=True)}
 
 
 def preview(texts: list[str], terms: set[str], limit: int = PREVIEW_CHARS, title: str = "") -> str:
@@ -79,16 +71,15 @@ def preview(texts: list[str], terms: set[str], limit: int = PREVIEW_CHARS, title
 
 def _weight(sentence: str, terms: set[str]) -> int:
     """How well a sentence matches: the letters of the distinct query terms it holds, so "publish" outweighs "my".
-    An English term matches the start of a word ("publish" in "published", never "do" in "window"); a Chinese pair
+    An English term matches the start of a word ("publish" in "published", never "do" in "window"); a Chinese word
     matches anywhere."""
     lowered = sentence.lower()
-    words = set(_TERM.findall(lowered))
     return sum(len(term) for term in terms
-               if (term in lowered if _is_cjk(term) else any(word.startswith(term) for word in words)))
+               if (term in lowered if _is_cjk(term) else re.search(rf"(?<![^\W_]){re.escape(term)}", lowered)))
 
 
 def _is_cjk(term: str) -> bool:
-    return re.match(rf"[{_CJK}]", term) is not None
+    return HAN.match(term) is not None
 
 
 def _sentences(text: str) -> list[str]:
@@ -96,9 +87,9 @@ def _sentences(text: str) -> list[str]:
     bullets, quotes), table rules, emphasis marks or wikilink brackets, no runs of blanks."""
     found = []
     for line in text.splitlines():
-        if _TABLE_RULE.match(line) or _FENCE.match(line):
+        if _TABLE_RULE.match(line) or fence_opening(line):
             continue
-        line = _WIKILINK.sub(r"\1", _EMPHASIS.sub("", _LINE_MARK.sub("", line)))
+        line = readable_wikilinks(_EMPHASIS.sub("", _LINE_MARK.sub("", line)))
         line = " ".join(line.strip(" |").split())
         found.extend(piece.strip() for piece in _SENTENCE_END.split(line) if piece.strip())
     return found

@@ -15,6 +15,8 @@ from typing import Any
 from rag_app.answers.answer_lines import LineScorer, line_sentences
 from rag_app.answers.code_spans import as_written, split_code
 from rag_app.config import LLMSection
+from rag_app.index.keyword import query_words
+from readers.markdown_syntax import HAN_RUN, fence_opening, markdown_blocks, readable_wikilinks
 
 DEFAULT_BUDGET: int = LLMSection.model_fields["budget_chars"].default  # [llm] budget_chars
 FULL_TEXT_NOTES = 3
@@ -165,7 +167,7 @@ def extractive_answer(question: str, results: list[dict[str, Any]], citations: l
         return NOT_FOUND
     head = f"Extractive answer: {notice}." if notice else (
         "Extractive answer (no LLM configured): the passages of your notes that best match the question.")
-    terms = content_words(query or question)
+    terms = query_words(query or question, both_scripts=True)
     lines = [head, ""]
     for citation, result in zip(citations, results, strict=False):
         if citation["strength"] == "weak":
@@ -182,29 +184,17 @@ def extractive_answer(question: str, results: list[dict[str, Any]], citations: l
     return "\n".join(lines).rstrip()
 
 
-# Markdown structure of a passage: wikilinks and embeds, task boxes, fences, headings, list items, table rows.
-_WIKILINK = re.compile(r"!?\[\[([^\[\]|#^]*)(?:#\^?([^\[\]|]*))?(?:\|([^\[\]]*))?\]\]")
+# How a passage shows task boxes and table rules (its blocks, links and fences: readers.markdown_syntax).
 _TASK = re.compile(r"^(\s*(?:[-*+]|\d{1,3}[.)]))\s+\[([ xX])\]", re.MULTILINE)
 _INLINE_TASK = re.compile(r"(^|\s)([-*+])\s+\[([ xX])\]")
-_FENCE = re.compile(r"^\s*(```|~~~)")
-_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+")
-_ITEM = re.compile(r"^\s*(?:[-*+]|\d{1,3}[.)])\s+")
 _TABLE_RULE = re.compile(r"^\s*\|?\s*:?-{2,}:?\s*(\|\s*:?-{2,}:?\s*)*\|?\s*$")
-_HAN_RUN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
-_LATIN_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-]*")
 _TASK_DASH = re.compile(r"(^|\s)[-*+]\s+([☐☑])")
 PASSAGE_CHARS = 420
 
 
 def readable_inline(text: str) -> str:
     """Wikilinks as the text Obsidian shows ([[a|b]] → b, [[a#h]] → a › h), task boxes as ☐ / ☑."""
-    def shown(match: re.Match[str]) -> str:
-        target, section, alias = match.group(1).strip(), (match.group(2) or "").strip(), match.group(3)
-        if alias and alias.strip():
-            return alias.strip()
-        return f"{target} › {section}" if target and section else target or section
-
-    text = _WIKILINK.sub(shown, text)
+    text = readable_wikilinks(text)
     return _TASK.sub(lambda m: f"{m.group(1)} {_box(m.group(2))}", text)
 
 
@@ -221,18 +211,6 @@ def readable_excerpt(text: str) -> str:
     return " ".join(text.split())
 
 
-def content_words(text: str) -> list[str]:
-    """The words that carry a question's subject: jieba words of two or more characters and English words, minus stop
-    words, in order (used to highlight passages and to carry a conversation's subject)."""
-    from rag_app.index.keyword import EN_STOPWORDS, tokenize
-
-    words: list[str] = []
-    for run in _HAN_RUN.findall(text):
-        words.extend(w for w in tokenize(run) if len(w) > 1)
-    words.extend(w for w in _LATIN_WORD.findall(text) if w.lower() not in EN_STOPWORDS and len(w) > 1)
-    return list(dict.fromkeys(words))
-
-
 @dataclass
 class _Block:
     kind: str  # heading, code, table, item, text
@@ -246,50 +224,18 @@ class _Block:
 
 
 def _blocks(markdown: str) -> list[_Block]:
-    """Headings, fenced code (whole), tables, list items (with their indented continuation) and paragraphs."""
+    """Headings, fenced code (whole, a fence the note left open closed), tables, list items (with their indented
+    continuation) and paragraphs: the note's blocks (readers.markdown_syntax.markdown_blocks), each under its
+    section's heading."""
     blocks: list[_Block] = []
-    section, level = "", 0
-    lines = markdown.replace("\r\n", "\n").split("\n")
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        if not line.strip():
-            i += 1
-            continue
-        if fence := _FENCE.match(line):
-            end = next((j for j in range(i + 1, len(lines)) if lines[j].strip().startswith(fence.group(1))), None)
-            stop = len(lines) if end is None else end + 1
-            blocks.append(_Block("code", lines[i:stop] + ([] if end is not None else [fence.group(1)]), section,
-                                 level))
-            i = stop
-            continue
-        if _HEADING.match(line):
-            marks = line.strip()
-            section, level = _HEADING.sub("", line).strip().rstrip("#").strip(), len(marks) - len(marks.lstrip("#"))
-            blocks.append(_Block("heading", [line.strip()], section, level))
-            i += 1
-            continue
-        if line.lstrip().startswith("|"):
-            j = i
-            while j < len(lines) and lines[j].lstrip().startswith("|"):
-                j += 1
-            blocks.append(_Block("table", [row.strip() for row in lines[i:j]], section, level))
-            i = j
-            continue
-        if _ITEM.match(line):
-            j = i + 1
-            while j < len(lines) and lines[j].strip() and lines[j][:1] in (" ", "\t") and not _ITEM.match(lines[j]):
-                j += 1
-            blocks.append(_Block("item", lines[i:j], section, level))
-            i = j
-            continue
-        j = i + 1
-        while j < len(lines) and lines[j].strip() and not (
-                _FENCE.match(lines[j]) or _HEADING.match(lines[j]) or _ITEM.match(lines[j])
-                or lines[j].lstrip().startswith("|")):
-            j += 1
-        blocks.append(_Block("text", lines[i:j], section, level))
-        i = j
+    for block in markdown_blocks(markdown):
+        section, level = block.path[-1][1] if block.path else "", block.path[-1][0] if block.path else 0
+        lines = list(block.lines)
+        if block.kind == "code" and not block.closed:
+            lines.append(fence_opening(lines[0]))
+        elif block.kind in ("heading", "table"):
+            lines = [line.strip() for line in lines]
+        blocks.append(_Block(block.kind, lines, section, level))
     return blocks
 
 
@@ -413,7 +359,7 @@ def highlight(text: str, terms: list[str]) -> str:
     if not terms:
         return text
     alternatives = sorted({re.escape(t) for t in terms}, key=len, reverse=True)
-    pattern = re.compile("|".join(f"{t}" if _HAN_RUN.match(t) else rf"\b{t}\w*" for t in alternatives),
+    pattern = re.compile("|".join(f"{t}" if HAN_RUN.match(t) else rf"\b{t}\w*" for t in alternatives),
                          re.IGNORECASE)
     pieces: list[str] = []
     pos = 0

@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_FENCE = re.compile(r"[ ]{0,3}(`{3,}|~{3,})(.*)")
+from readers.markdown_syntax import fence_opening, fenced_block_end
+
 _INLINE = re.compile(r"(?<![`\\])(`+)(?!`)([^\n]+?)(?<!`)\1(?!`)")  # "\`" is an escaped backtick
 _RUN = re.compile(r"`+")
 
@@ -29,19 +30,17 @@ def split_code(text: str) -> list[Part]:
     lines = text.splitlines(keepends=True)
     i = 0
     while i < len(lines):
-        opening = _FENCE.fullmatch(lines[i].rstrip("\r\n"))
-        if not opening or (opening.group(1)[0] == "`" and "`" in opening.group(2)):
+        fence = fence_opening(lines[i])
+        if not fence:
             prose.append(lines[i])
             i += 1
             continue
-        fence = opening.group(1)
-        close = re.compile(rf"[ ]{{0,3}}{re.escape(fence[0])}{{{len(fence)},}}[ \t]*")
-        end = next((j for j in range(i + 1, len(lines)) if close.fullmatch(lines[j].rstrip("\r\n"))), len(lines))
+        end, closed = fenced_block_end(lines, i)
         parts += _inline_parts("".join(prose))
         prose = []
-        parts.append(Part("".join(lines[i + 1:end]).rstrip("\r\n"), "block", opening.group(2).strip(),
-                          "".join(lines[i:end + 1])))
-        i = end + 1
+        info = lines[i].strip()[len(fence):].strip()
+        parts.append(Part("".join(lines[i + 1:end - closed]).rstrip("\r\n"), "block", info, "".join(lines[i:end])))
+        i = end
     parts += _inline_parts("".join(prose))
     return parts
 

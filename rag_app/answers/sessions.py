@@ -23,7 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rag_app.answers.answer import CITATION_MARK, content_words
+from rag_app.answers.answer import CITATION_MARK
+from rag_app.index.keyword import query_words
 from rag_app.index.manifest import enable_wal
 from rag_app.index.store import StoreError
 from rag_app.search.query import SearchError
@@ -325,7 +326,7 @@ def subject_of(turn: dict[str, Any]) -> list[str]:
         c for c in citations if c.get("strength") == "strong"]
     titles = [str(c["title"]) for c in chosen[:2] if c.get("title")]
     searched = (turn.get("coverage") or {}).get("condensed_query") or turn.get("question") or ""
-    return list({t.lower(): t for t in reversed([*titles, *content_words(searched)])}.values())[::-1][:SUBJECT_TERMS]
+    return list({t.lower(): t for t in reversed([*titles, *query_words(searched)])}.values())[::-1][:SUBJECT_TERMS]
 
 
 # A question that points back at the conversation: 那/这/它…, a trailing 呢, an ordinal (第二部, 第3本), English

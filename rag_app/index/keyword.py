@@ -23,15 +23,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rag_app.index.user_cache import cache_dir
+from readers.markdown_syntax import HAN, HAN_CHARS, HAN_RUN
 
 if TYPE_CHECKING:  # imported where the index is used: a sync that finds nothing changed needs the tokenizer only
     import numpy as np
 
 TOKENIZER_VERSION = "kw-v2"
-_HAN_CLASS = "[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]"
-_RUNS = re.compile(f"({_HAN_CLASS}+)|([a-z0-9]+(?:[._\\-/:@][a-z0-9]+)*)")
+_RUNS = re.compile(f"([{HAN_CHARS}]+)|([a-z0-9]+(?:[._\\-/:@][a-z0-9]+)*)")
 _WORD = re.compile(r"[a-z0-9]+")
-_HAN = re.compile(_HAN_CLASS)
 EN_STOPWORDS = frozenset(
     "a an and are as at be been but by can could did do does doing for from had has have how i if in into is it its "
     "me my of on or our so than that the their them then there these they this to was we were what when where which "
@@ -203,7 +202,7 @@ def _stemmer() -> Any:
 
 def to_simplified(text: str) -> str:
     """Fold Traditional to Simplified only when the text has Han characters (zhconv is slow on long Latin text)."""
-    if not _HAN.search(text):
+    if not HAN.search(text):
         return text
     import zhconv
 
@@ -229,6 +228,46 @@ def tokenize(text: str) -> list[str]:
         kept = [w for w in words if w not in EN_STOPWORDS and (len(w) > 1 or w.isdigit())]
         tokens.extend(_stemmer().stemWords(kept) if kept else [])
     return tokens
+
+
+_OTHER_WORD = re.compile(rf"[^\W_{HAN_CHARS}]+(?:[._\-/:@][^\W_{HAN_CHARS}]+)*")
+
+
+def query_words(text: str, both_scripts: bool = False, lone_characters: bool = False) -> list[str]:
+    """The words that carry a query's subject, as written, in order, each once (case aside): what answers, excerpts
+    and agent previews find and highlight in a passage, and what a conversation carries as its subject.
+
+    In each run of Han characters, jieba's words (search mode, read on the Simplified form) of two or more characters
+    that are neither stop words nor question words (哪一, 几个); the one-character words only when the query has no
+    longer one (猫 — not the 年 of 2024年3月的读书笔记), or with `lone_characters` (a preview's sentence that holds the
+    想看 of 想看的电影 is the better one). Elsewhere, words of two or more letters or digits that are not English stop
+    words, an identifier whole (ERR_CONN_RESET_4471, a.b/c). With `both_scripts`, a Traditional word is followed by
+    its Simplified form: notes may be written in either script.
+    """
+    found: list[tuple[str, str, bool]] = []  # (as written, Simplified, Han)
+    pos = 0
+    for han in [*HAN_RUN.finditer(text), None]:
+        end = han.start() if han else len(text)
+        found += [(w, w, False) for w in _OTHER_WORD.findall(text, pos, end)
+                  if len(w) > 1 and w.lower() not in EN_STOPWORDS]
+        if han is None:
+            break
+        pos, run = han.end(), han.group(0)
+        folded = to_simplified(run)
+        same = len(folded) == len(run)  # zhconv maps character for character, nearly always
+        for word, a, b in _jieba(len(run)).tokenize(folded if same else run, mode="search"):
+            simplified = to_simplified(word)
+            if simplified not in ZH_STOPWORDS and not is_question_word(simplified):
+                found.append((run[a:b], folded[a:b] if same else simplified, True))
+    longer = any(han and len(w) > 1 for w, _, han in found)
+    words: dict[str, str] = {}
+    for written, simplified, han in found:
+        if han and longer and len(written) < 2 and not lone_characters:
+            continue
+        words.setdefault(written.lower(), written)
+        if both_scripts and simplified != written:
+            words.setdefault(simplified, simplified)
+    return list(words.values())
 
 
 def chunk_index_text(text: str, metadata: dict[str, Any]) -> str:

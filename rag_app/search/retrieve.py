@@ -28,7 +28,7 @@ from llama_index.core.retrievers.fusion_retriever import FUSION_MODES
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
 from rag_app.config import Settings
-from rag_app.index.keyword import KeywordIndex, to_simplified, tokenize
+from rag_app.index.keyword import KeywordIndex, query_words, to_simplified, tokenize
 from rag_app.index.keyword_store import keyword_stamp, open_keyword_index
 from rag_app.index.manifest import Manifest
 from rag_app.index.store import StoreUnreachable, unreachable
@@ -472,20 +472,28 @@ def confidence(scores: list[float]) -> float:
 
 
 def gated_out(lists: Lists, terms: QueryTerms | None, contains: Contains, config: RetrievalConfig) -> bool:
-    """Whether the gated channel, not yet run, would carry under 1 % of the fused weight even at its highest
-    confidence: then running it cannot change the ranking (measured on the dev sets), so it is skipped."""
-    coverage = bm25_coverage(lists, terms, contains)
+    """Whether the gated channel would carry under GATED_SKIP (1 %) of the fused weight even at its highest
+    confidence, judged by the other channels' lists alone (its own, if given, are left out). Below that gate it
+    carries no weight at all (`fuse_query`), so whether it runs cannot change the ranking, and the search skips it."""
+    gated = gated_channel(config)
+    others = {n: hits for n, hits in lists.items() if n != gated}
+    coverage = bm25_coverage(others, terms, contains)
     if config.fusion != "adaptive" or coverage is None:
         return False
-    others = sum(channel_weight(n, [s for _, s in hits], coverage, config) for n, hits in lists.items())
-    return channel_weight(gated_channel(config), None, coverage, config) < GATED_SKIP * others
+    weight = sum(channel_weight(n, [s for _, s in hits], coverage, config) for n, hits in others.items())
+    return channel_weight(gated, None, coverage, config) < GATED_SKIP * weight
 
 
 def fuse_query(lists: Lists, terms: QueryTerms | None, contains: Contains, config: RetrievalConfig,
                candidates: list[str] | None = None, weights_out: dict[str, float] | None = None) -> dict[str, float]:
     """One query's fused score per chunk: each channel's reciprocal ranks, weighted per query (adaptive), plus the
-    lexical-match term for every candidate (all chunks any channel found, or `candidates`)."""
+    lexical-match term for every candidate (all chunks any channel found, or `candidates`). The gated channel
+    counts only above its gate (`gated_out`): below it, its list is ignored, so a search that skipped it ranks
+    exactly as one that ran it (a near-tie its small weight would have flipped stays as it is)."""
     total = sum(base_weight(n, config) for n in lists) or 1.0
+    gated = gated_channel(config)
+    if lists.get(gated) and gated_out(lists, terms, contains, config):
+        lists = {**lists, gated: []}
     coverage = bm25_coverage(lists, terms, contains)
     fused: dict[str, float] = {}
     for name, hits in lists.items():
@@ -560,7 +568,7 @@ class NoteFusionRetriever(QueryFusionRetriever):
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 100:
             raise SearchError(f"k must be between 1 and 100, got {k}")
         if mode not in MODES:
-            raise SearchError(f"mode must be hybrid, bm25 or vector, got {mode!r}")
+            raise SearchError(f"mode must be {', '.join(MODES[:-1])} or {MODES[-1]}, got {mode!r}")
         self._index_of = index if callable(index) else (lambda: index)
         self.filters = filters or SearchFilters()
         self.search_mode = mode
@@ -734,13 +742,16 @@ class NoteFusionRetriever(QueryFusionRetriever):
             return self._reciprocal_rerank_fusion(self._run_sync_queries(queries))[: config.candidates]
 
     def _run_sync_queries(self, queries: list[QueryBundle]) -> dict[tuple[str, int], list[NodeWithScore]]:
-        """As QueryFusionRetriever's, except that the gated channel (run last) is not run when, even at its highest
-        confidence, it would carry under 1 % of the fused weight: rankings are unchanged (measured on the dev sets)
-        and a cold search of a query whose words are in the notes does not load the second model at all."""
+        """As QueryFusionRetriever's, except that the gated channel (run after the others) is not run when, even at
+        its highest confidence, it would carry under 1 % of the fused weight: below that gate the fusion gives it no
+        weight (`fuse_query`), so the ranking is the same as if it had run, and a cold search of a query whose words
+        are in the notes does not load the second model at all."""
         results: dict[tuple[str, int], list[NodeWithScore]] = {}
+        order = sorted(range(len(self._retrievers)), key=lambda i: self.names[i] == self.gated)
         for query in queries:
             text = query.query_str
-            for i, retriever in enumerate(self._retrievers):
+            for i in order:
+                retriever = self._retrievers[i]
                 if self.names[i] == self.gated and gated_out(self._lists(text, results), *self._evidence(text),
                                                              self.config):
                     self.channel_skipped[self.names[i]] += 1
@@ -816,7 +827,7 @@ def _topic_results(index: SearchIndex, note_ids: list[str], best: dict[str, tupl
         heading = str(meta.get("heading") or "").rsplit(" › ", 1)[-1]
         rows.setdefault(note_id, []).append((int(meta.get("chunk", 0)), heading, chunk_id))
     out = []
-    terms = _highlight_terms(query)
+    terms = [w.lower() for w in query_words(query, both_scripts=True)]
     for note_id in note_ids:
         chunks = sorted(rows.get(note_id, []))
         if not chunks:
@@ -878,7 +889,7 @@ def collapse(index: SearchIndex, fused: list[NodeWithScore], k: int, per_note: i
     texts = index.manifest.chunks_of_notes(order[: k * 2])
     seen_hash: dict[str, dict[str, Any]] = {}
     results: list[dict[str, Any]] = []
-    terms = _highlight_terms(query)
+    terms = [w.lower() for w in query_words(query, both_scripts=True)]
     for note_id in order:
         if len(results) >= k:
             break
@@ -917,11 +928,6 @@ def _result(note_id: str, hits: list[NodeWithScore], terms: list[str]) -> dict[s
         duplicates=[],
     )
     return result
-
-
-def _highlight_terms(query: str) -> list[str]:
-    terms = [t for t in tokenize(query) if len(t) > 1]
-    return sorted(set(terms), key=len, reverse=True)
 
 
 def excerpt(text: str, terms: list[str], limit: int = EXCERPT_CHARS) -> str:

@@ -7,9 +7,9 @@ import re
 from collections import Counter
 from typing import Any
 
+from readers.markdown_syntax import HAN
 from readers.records import decode_list
 
-_HAN = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
 _DATE_LIKE = re.compile(r"^[\d\s./:年月日号周一二三四五六七天-]+$")  # a daily note's title asks nothing
 
 
@@ -18,11 +18,11 @@ def _when(meta: dict[str, Any]) -> float:
 
 
 def _about_tag(tag: str) -> str:
-    return f"我的笔记里关于「{tag}」记了什么？" if _HAN.search(tag) else f"What do my notes say about {tag}?"
+    return f"我的笔记里关于「{tag}」记了什么？" if HAN.search(tag) else f"What do my notes say about {tag}?"
 
 
 def _about_title(title: str) -> str:
-    return f"「{title}」里写了什么？" if _HAN.search(title) else f"What did I write in “{title}”?"
+    return f"「{title}」里写了什么？" if HAN.search(title) else f"What did I write in “{title}”?"
 
 
 def example_questions(metadata: dict[str, dict[str, Any]], count: int = 4) -> list[str]:

@@ -47,6 +47,7 @@ from rag_app.engine import (  # noqa: E402
     stop_on_signals,
     time_left,
 )
+from readers.markdown_syntax import WIKILINK, wikilink_shown  # noqa: E402
 
 EXCERPT_CHARS = 160
 QUESTION_PLACEHOLDER = "问你的笔记 / Ask your notes — e.g. 我想看哪些电影？"
@@ -602,20 +603,18 @@ def hit_lines(text: str, excerpt: str) -> tuple[int, int] | None:
     return text.count("\n", 0, origin[start]), text.count("\n", 0, origin[end]) + 1
 
 
-_WIKILINK = re.compile(r"!?\[\[([^\[\]\n|#]*)(#[^\[\]\n|]*)?(?:\|([^\[\]\n]*))?\]\]")
 _LIT_BLOCKS = {"paragraph_open", "heading_open", "list_item_open", "fence", "code_block", "tr_open", "hr"}
 
 
 def _wikilink_rule(state: StateInline, silent: bool) -> bool:
     """`[[target#heading|label]]` (and `![[embed]]`): a link that opens the target in the page when the note links
     to it, else its label as text."""
-    match = _WIKILINK.match(state.src, state.pos)
+    match = WIKILINK.match(state.src, state.pos)
     if not match:
         return False
     if not silent:
-        target, heading, label = match.group(1).strip(), match.group(2) or "", match.group(3)
-        shown = (label or target + heading.replace("#", " › ")).strip() or match.group(0)
-        note_id = state.env.get("wikilinks", {}).get(_link_key(target))
+        shown = wikilink_shown(match) or match.group(0)
+        note_id = state.env.get("wikilinks", {}).get(_link_key(match.group(2)))
         if note_id:
             token = state.push("link_open", "a", 1)
             token.attrs = {"href": note_ref(note_id)}

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rag_app.config import ConfigError, RemoteEmbedding, SourceSpec, load_settings
+from rag_app.config import ConfigError, RemoteEmbedding, SourceSpec, load_settings, memos_source
 
 
 def settings_from(tmp_path: Path, text: str):
@@ -247,6 +247,15 @@ MEMOS = '[[sources]]\nkind = "memos"\nurl = "https://memos.example.com"\n'
 def test_a_source_entry_refuses_unknown_keys_and_wrong_types_with_the_entry_named(tmp_path: Path, text: str,
                                                                                    says: str):
     assert refusal(tmp_path, text) == says
+
+
+@pytest.mark.parametrize("url", ["memos.example.com", "ftp://memos.example.com", "https://", "https://a b",
+                                 "https://memos.example.com:99999"])
+def test_a_memos_flag_meets_the_config_file_rule(url: str):
+    """`--memos URL` and a [[sources]] url are checked by one rule (SourceSection), before anything is remembered."""
+    with pytest.raises(ConfigError, match="the Memos URL must look like https://memos.example.com"):
+        memos_source(url)
+    assert memos_source("https://memos.example.com/").url == "https://memos.example.com"
 
 
 def test_a_source_entry_reads_every_key_with_its_type(tmp_path: Path):

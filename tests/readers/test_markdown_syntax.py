@@ -11,15 +11,21 @@ import yaml
 
 from readers.markdown_syntax import (
     ALIAS_BUDGET,
+    HAN,
+    HAN_RUN,
     MAX_NESTING,
     WikiLink,
     as_datetime,
     as_string_list,
     as_text_list,
+    closes_fence,
     date_fields,
+    fence_opening,
     first_h1,
+    markdown_blocks,
     parse_tags,
     parse_wikilinks,
+    readable_wikilinks,
     split_frontmatter,
     strip_code,
 )
@@ -42,6 +48,25 @@ def test_a_fence_closes_only_on_a_run_at_least_as_long_without_info_string() -> 
     """A ```` fence may contain ``` lines; a ```lang line does not close a block."""
     text = "````\n```\n#inside\n```\n````\n#after\n```\n```py\n#still\n```\n#out"
     assert strip_code(text).split("\n") == ["", "", "", "", "", "#after", "", "", "", "", "#out"]
+
+
+@pytest.mark.parametrize(("line", "fence"), [
+    ("```", "```"), ("```python", "```"), ("````md", "````"), ("~~~", "~~~"), ("~~~~ ~~~", "~~~~"),
+    ("    ```", "```"),  # in a list item a fence is indented under it
+    ("\u3000```", "```"), ("```a`b", ""), ("``", ""), ("text ```", ""), ("~~", ""),
+])
+def test_one_rule_says_which_line_opens_a_fence(line: str, fence: str) -> None:
+    """The fence every parser uses (chunks, answers, code spans, previews, tags): three or more backticks or tildes
+    first on a line; a backtick fence's info string holds no backtick."""
+    assert fence_opening(line) == fence
+
+
+@pytest.mark.parametrize(("line", "fence", "closes"), [
+    ("```", "```", True), ("````", "```", True), ("  ```  ", "```", True), ("```", "````", False),
+    ("```python", "```", False), ("~~~", "```", False), ("", "```", False), ("``` x", "```", False),
+])
+def test_one_rule_says_which_line_closes_a_fence(line: str, fence: str, closes: bool) -> None:
+    assert closes_fence(line, fence) is closes
 
 
 def test_double_backtick_inline_code_may_contain_a_backtick() -> None:
@@ -106,6 +131,66 @@ def test_parse_tags(text: str, expected: list[str]) -> None:
 def test_parse_wikilinks(text: str, expected: list[WikiLink]) -> None:
     """Note links and note embeds count; attachments, self-heading links and links in code do not."""
     assert parse_wikilinks(text) == expected
+
+
+@pytest.mark.parametrize(("text", "shown"), [
+    ("[[note]]", "note"), ("[[note|别名]]", "别名"), ("[[note#heading]]", "note › heading"),
+    ("[[note#h1#h2]]", "note › h1 › h2"), ("[[note#^block1]]", "note › block1"), ("[[#heading]]", "heading"),
+    ("![[image.png]]", "image.png"), ("| [[note\\|alias]] |", "| alias |"), ("[[note\\]]", "note"),
+    ("[[a|  ]]", "a"), ("[[a\nb]]", "[[a\nb]]"), ("[[a]] [[b|c]]", "a c"),
+])
+def test_a_wikilink_reads_as_obsidian_shows_it(text: str, shown: str) -> None:
+    """One rule for answers, agent previews and the page: the alias, else the target › heading."""
+    assert readable_wikilinks(text) == shown
+
+
+def test_han_is_the_ideographs_and_nothing_else() -> None:
+    """CJK Unified Ideographs with Extension A and the compatibility block; not the Yijing hexagrams between them
+    (suggest.py once counted them), kana, hangul or full-width punctuation."""
+    assert all(HAN.fullmatch(c) for c in "中㐀䶵豈鿿")
+    assert not any(HAN.search(c) for c in "䷀䷿あア한，。a1")
+    assert HAN_RUN.findall("看电影 and 读书。") == ["看电影", "读书"]
+
+
+NOTE = """# 菜谱
+intro line
+more intro
+
+## 番茄炒蛋 ##
+- 番茄 2 个
+  软的
+- 鸡蛋
+    ```text
+    not an item
+    ```
+| a | b |
+|---|---|
+```` md
+```
+# not a heading
+```
+````
+   ### C# and F#
+text"""
+
+
+def test_the_one_block_parser_reads_headings_code_tables_items_and_paragraphs() -> None:
+    """What chunks and answers are cut on: CommonMark headings (≤ 3 spaces, `C#` keeps its #) and fences (a fence in
+    a list item is code of its own; ```` holds ```), tables, items with their continuation, paragraphs."""
+    blocks = markdown_blocks(NOTE)
+    assert [(b.kind, len(b.lines), b.after_blank) for b in blocks] == [
+        ("heading", 1, True), ("text", 2, False), ("heading", 1, True), ("item", 2, False), ("item", 1, False),
+        ("code", 3, False), ("table", 2, False), ("code", 5, False), ("heading", 1, False), ("text", 1, False)]
+    assert [b.path for b in blocks][-2:] == [((1, "菜谱"), (2, "番茄炒蛋"), (3, "C# and F#"))] * 2
+    assert blocks[2].path == ((1, "菜谱"), (2, "番茄炒蛋")) and blocks[1].path == ((1, "菜谱"),)
+
+
+def test_an_unclosed_fence_ends_with_its_list_item_or_the_note() -> None:
+    blocks = markdown_blocks("1. key:\n    ```json\n    {}\n\n## Next\ntext")
+    assert [(b.kind, b.closed) for b in blocks] == [("item", True), ("code", False), ("heading", True),
+                                                     ("text", True)]
+    assert [(b.kind, b.closed) for b in markdown_blocks("```\ncode\n\n# not a heading")] == [("code", False)]
+    assert [b.kind for b in markdown_blocks("<!--\n```sh\nnpm i\n``` -->\n# Title")][-1] == "heading"
 
 
 # --- first H1 -----------------------------------------------------------------------------------------------------

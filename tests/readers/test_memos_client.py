@@ -799,7 +799,9 @@ def test_endless_page_tokens_stop_at_the_listing_deadline(serve: Serve) -> None:
     double = _hostile(serve, endless_pages=2, delay=0.05)
     message, seconds = _timed_error(double, listing_deadline=1.0)
     assert "the listing took longer than 1 s (listing_deadline)" in message
-    assert 1.0 <= seconds < 3.0
+    # Never early; the upper bound only says it ended (unstopped, these pages run ~100,000 × 0.05 s until max_memos)
+    # and is wide for a loaded CI machine: the overshoot itself is printed by `bench/limits_bench.py --only client`.
+    assert 1.0 <= seconds < 60
 
 
 @pytest.mark.parametrize("count", [None, 40], ids=["never-ending", "5-mib"])
@@ -808,7 +810,9 @@ def test_a_body_over_max_response_bytes_is_cut(serve: Serve, count: int | None) 
     double = _hostile(serve, stream=Stream(chunk=b" " * 131072, count=count))
     message, seconds = _timed_error(double, max_response_bytes=MiB)
     assert f"the answer is larger than {MiB} bytes (max_response_bytes)" in message
-    assert len(list_requests(double)) == 1 and seconds < 5
+    # The message and the single request are the proof; the bound only says it ended (an endless body never would)
+    # and is wide for a loaded CI machine: the seconds are printed by `bench/limits_bench.py --only client`.
+    assert len(list_requests(double)) == 1 and seconds < 60
 
 
 def test_a_declared_length_over_the_limit_is_refused_before_reading(serve: Serve) -> None:

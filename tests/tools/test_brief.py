@@ -29,8 +29,19 @@ TABLE = ("# 预算\n\n| 类别 | 比例 |\n| --- | :---: |\n| 房租 | 28% |\n\n
          "**注意**：见 [[理财笔记|理财]]。")
 
 
-def test_query_terms_are_english_words_and_chinese_character_pairs():
-    assert query_terms(["观影 Movies", "电影清单", "a 看"]) == {"观影", "movies", "电影", "影清", "清单", "看"}
+def test_query_terms_are_the_words_answers_highlight_lower_case():
+    """One extractor (rag_app.index.keyword.query_words) for previews, answers and excerpts: jieba's words, never a
+    character pair across a word boundary (电影清单 → 影清 matched unrelated notes); one-character words too;
+    identifiers whole; both scripts."""
+    assert query_terms(["观影 Movies", "电影清单", "a 看"]) == {"观影", "movies", "电影", "清单", "看"}
+    assert query_terms(["想看的电影"]) == {"想", "看", "电影"}
+    assert query_terms(["ERR_CONN_RESET_4471 的原因", "電影"]) == {"err_conn_reset_4471", "原因", "電影", "电影"}
+
+
+def test_an_identifier_matches_where_it_starts_a_word():
+    text = "Nothing here. The log says ERR_CONN_RESET_4471 twice. The window closed."
+    assert preview([text], query_terms(["ERR_CONN_RESET_4471"]), limit=50) == "The log says ERR_CONN_RESET_4471 twice."
+    assert preview([text], {"do"}, limit=20) == "Nothing here."  # never "do" in "window"
 
 
 def test_the_preview_is_the_best_matching_sentence_not_the_notes_start():

@@ -7,7 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rag_app.index.keyword import KeywordIndex, _dictionary_key, tokenize
+import pytest
+
+from rag_app.index.keyword import KeywordIndex, _dictionary_key, query_words, tokenize
 from tests.conftest import REPO, write_files
 
 
@@ -16,6 +18,27 @@ def test_chinese_is_segmented_into_words_without_spurious_bigrams() -> None:
     assert {"电影", "清单"} <= set(tokens)
     assert "影清" not in tokens  # a pair across a word boundary would match unrelated notes
     assert "我想看电影清单" not in tokens
+
+
+@pytest.mark.parametrize(("query", "words"), [
+    ("我想看哪些电影？", ["电影"]),  # stop words (我, 哪些), and 想, 看: a longer word carries the subject
+    ("我的猫", ["猫"]),  # no longer word: the one character is the subject
+    ("2024年3月的读书笔记", ["2024", "读书", "笔记", "读书笔记"]),  # not 年: the query has longer words
+    ("哪一本書規範了梵語？", ["本書", "規範", "梵語"]),  # as written; 哪一 asks, it is not the subject
+    ("ERR_CONN_RESET_4471 的原因", ["ERR_CONN_RESET_4471", "原因"]),  # identifiers whole
+    ("how to fix the Rust borrow checker in rust", ["fix", "Rust", "borrow", "checker"]),  # first spelling, once
+    ("Привет мир", ["Привет", "мир"]), ("", []), ("的 a", []),
+])
+def test_query_words_are_the_subject_as_written(query: str, words: list[str]) -> None:
+    """The one extractor of a query's words (answers' highlights and passages, search excerpts, agent previews,
+    a conversation's subject)."""
+    assert query_words(query) == words
+
+
+def test_query_words_in_both_scripts_and_with_lone_characters() -> None:
+    assert query_words("電影清單", both_scripts=True) == ["電影", "电影", "清單", "清单"]
+    assert query_words("电影清单", both_scripts=True) == ["电影", "清单"]
+    assert query_words("想看的电影", lone_characters=True) == ["想", "看", "电影"]
 
 
 def test_traditional_chinese_folds_to_simplified() -> None:

@@ -35,6 +35,16 @@ def test_code_fence_kept_whole_when_it_fits_even_with_blank_lines_and_hashes():
     assert all(c.heading == "Note" for c in chunks)
 
 
+def test_fences_pair_as_the_one_block_parser_pairs_them():
+    """A ```` block that shows a ``` block is one code block (``` lines inside are its text); an unclosed fence in a
+    list item ends with the item, so the next section keeps its heading."""
+    shown = "````\n```mermaid\ngraph TD;\n    A-->B;\n```\n````"
+    chunks = chunk_markdown(f"# Diagrams\n\nA flow chart:\n\n{shown}\n\nDone.", max_chars=40)
+    assert any(c.text == shown for c in chunks), [c.text for c in chunks]
+    open_in_item = "# A\n\n1. Bind a key:\n\n    ```json\n    {\"key\": \"ctrl+l\"}\n\n## B\n\nText of B."
+    assert chunk_markdown(open_in_item, max_chars=30)[-1].heading == "A › B"
+
+
 def test_oversized_code_fence_is_split_rather_than_dropped():
     code = "```\n" + "\n".join(f"line {i} of a very long generated file" for i in range(200)) + "\n```"
     chunks = chunk_markdown(code, max_chars=500, overlap=50)

@@ -175,9 +175,11 @@ def test_a_hostile_server_fails_the_sync_in_bounded_memory_and_time(synced, case
     before = snapshot(home)
     baseline = baseline_rss_mb(home, double)
     double.faults.update(faults)
-    run = run_limited(home, limits, "sync", "--memos", double.url)
+    run = run_limited(home, limits, "sync", "--memos", double.url, timeout=300)
     assert_failed_cleanly(home, run, before, says)
-    assert run.seconds < 20 and run.peak_rss_mb - baseline < 100, (run.seconds, run.peak_rss_mb, baseline)
+    # Unstopped, every case runs forever: any bound proves the limit stopped it. 120 s leaves room for a cold `brain`
+    # process on a loaded CI machine; the seconds each limit takes are printed by `bench/limits_bench.py --only sync`.
+    assert run.seconds < 120 and run.peak_rss_mb - baseline < 100, (run.seconds, run.peak_rss_mb, baseline)
 
 
 @pytest.mark.parametrize(("faults", "says"), [({"endless_pages": 1000}, "passed 200000 memos (max_memos)"),
@@ -189,9 +191,10 @@ def test_the_default_limits_stop_a_hostile_server_within_seconds_and_mebibytes(s
     before = snapshot(home)
     baseline = baseline_rss_mb(home, double)
     double.faults.update(faults)
-    run = run_limited(home, {}, "sync", "--memos", double.url)
+    run = run_limited(home, {}, "sync", "--memos", double.url, timeout=600)
     assert_failed_cleanly(home, run, before, says)
-    assert run.seconds < 60 and run.peak_rss_mb - baseline < 350, (run.seconds, run.peak_rss_mb, baseline)
+    # As above: a bound, not a speed (`bench/limits_bench.py --only defaults` prints the seconds).
+    assert run.seconds < 300 and run.peak_rss_mb - baseline < 350, (run.seconds, run.peak_rss_mb, baseline)
 
 
 def _sync_with(home: Path, double: MemosDouble, **limits: Any):

@@ -30,6 +30,7 @@ from rag_app.search.retrieve import (
     confidence,
     excerpt,
     fuse_query,
+    gated_out,
 )
 from tests.conftest import REPO, SAMPLE_VAULT
 from tests.doubles.openai_server import OpenAIDouble
@@ -392,6 +393,28 @@ def test_e5s_say_shrinks_where_bm25_finds_nothing_and_uses_grows():
     assert channel_weight("vector", scores, 0.0, config) > channel_weight("vector", scores, 0.5, config)
 
 
+def test_skipping_the_gated_channel_cannot_change_the_ranking():
+    """Below its gate (under 1 % of the fused weight even at its highest confidence) USE carries no weight, whether
+    it ran or was skipped: a near-tie its small weight would have flipped stays as it is."""
+    tokens = ["波你尼", "梵语", "语法", "规范", "正确", "的话"]
+    terms, contains = crafted(tokens, {"answer": set(tokens[:4]), "a": {"梵语", "的话"}, "b": {"梵语"},
+                                       **{f"other-{i}": {"梵语"} for i in range(30)}})
+    terms.idfs[-1] = 0.001  # a and b differ by one word nearly every chunk has: a near-tie
+    config = RetrievalConfig()
+    bm25 = [("answer", 14.0), *((f"other-{i}", 6.0 - 0.1 * i) for i in range(30))]
+    e5 = [("answer", 0.9), *((f"other-{i}", 0.7 - 0.001 * i) for i in range(30))]
+    use = [("b", 0.95), *((f"other-{i}", 0.5 - 0.001 * i) for i in range(30))]
+    candidates = ["answer", "a", "b", *(f"other-{i}" for i in range(30))]
+    assert gated_out({"bm25": bm25, "vector": e5}, terms, contains, config)
+    skipped = fuse_query({"bm25": bm25, "vector": e5, "vector2": []}, terms, contains, config, candidates)
+    coverage = bm25_coverage({"bm25": bm25}, terms, contains)
+    total = config.bm25_weight + config.vector_weight + config.second_weight
+    use_on_b = channel_weight("vector2", [s for _, s in use], coverage, config) / total / (config.rrf_k + 1)
+    assert 0 < skipped["a"] - skipped["b"] < use_on_b, "a near-tie USE's small weight would flip"
+    ran = fuse_query({"bm25": bm25, "vector": e5, "vector2": use}, terms, contains, config, candidates)
+    assert ran == skipped
+
+
 def test_the_async_path_runs_the_same_gated_fusion(sample_brain):
     """LlamaIndex callers may `aretrieve`: it must apply the same gate and fusion as `retrieve`, not the parent's."""
     import asyncio
@@ -503,7 +526,7 @@ def test_the_retriever_takes_no_channel_weights(sample_brain):
         NoteFusionRetriever(sample_brain.searcher(), 5, retriever_weights=[0.5, 0.5])  # type: ignore[call-arg]
     with pytest.raises(SearchError, match="k must be between 1 and 100"):
         sample_brain.as_retriever(0)
-    with pytest.raises(SearchError, match="mode must be"):
+    with pytest.raises(SearchError, match="^mode must be hybrid, bm25, vector or vector2, got 'semantic'$"):
         sample_brain.as_retriever(5, mode="semantic")
 
 

@@ -24,6 +24,12 @@ def test_recent_titles_and_frequent_tags_take_turns() -> None:
     assert example_questions({}) == []
 
 
+def test_a_question_is_asked_in_chinese_only_for_han_text() -> None:
+    """The Han rule shared by every layer (readers.markdown_syntax.HAN): a Yijing hexagram is not Chinese text."""
+    assert example_questions({"a": note("䷀ 乾卦", [], 2), "b": note("䷀䷁", [], 1)}) == [
+        "「䷀ 乾卦」里写了什么？", "What did I write in “䷀䷁”?"]
+
+
 def test_the_engine_offers_them_without_loading_a_model(sample_home: Path, tmp_path: Path) -> None:
     brain = Brain(sample_home)
     try:
