@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rag_app.config import FAST_EMBEDDING
 from rag_app.index.manifest import Manifest
+from readers.markdown_syntax import headings
 
 if TYPE_CHECKING:
     import numpy as np
@@ -33,7 +33,6 @@ TOPICS_GENERATION = "topics_generation"  # meta: the index generation whose topi
 MAX_TOPIC_CHARS = 120  # a "heading" longer than this is a sentence, not a name
 LAZY_LIMIT = 256  # topics a search embeds itself when a sync has not (an older home): the rest wait for the next sync
 HEADING_PARTS = " › "
-_HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", re.MULTILINE)
 
 
 def topics_of(meta: dict[str, object], text: str = "") -> list[str]:
@@ -49,7 +48,7 @@ def topics_of(meta: dict[str, object], text: str = "") -> list[str]:
     heading = str(meta.get("heading") or "")
     if heading:
         names.append(heading.rsplit(HEADING_PARTS, 1)[-1])
-    names += _HEADING.findall(text)
+    names += [title for _, title in headings(text)]  # not a `# comment` in a code block
     return [n.strip() for n in names if n.strip() and len(n.strip()) <= MAX_TOPIC_CHARS]
 
 

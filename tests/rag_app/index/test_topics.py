@@ -32,6 +32,12 @@ def test_a_chunks_topics_are_its_notes_names_its_headings_last_part_and_the_head
     assert topics_of(meta, text) == ["电影清单", "watchlist", "电影", "生活", "已看", "想看"]
 
 
+def test_a_comment_in_code_is_not_a_topic_and_a_heading_keeps_its_hash():
+    """Headings by the one heading rule (readers.markdown_syntax.headings): a `# comment` in a fenced block is code."""
+    text = "## C# notes\n\n```bash\n# install the tool\nbrew install x\n```\n"
+    assert topics_of({"title": "t"}, text) == ["t", "C# notes"]
+
+
 def test_a_heading_that_is_a_sentence_and_broken_lists_are_not_topics():
     assert topics_of({"title": "t", "tags": "not json", "heading": "x" * 200}) == ["t"]
     assert topics_of({"title": "", "tags": None, "heading": ""}) == []
