@@ -36,7 +36,7 @@ class NoteRecord:
 
     def to_document(self) -> Any:
         """A LlamaIndex Document with a deterministic id whose `hash` is this `content_hash` (see `NoteDocument`);
-        imported lazily: llama_index costs 1.5-4 s to import."""
+        imported lazily: importing LlamaIndex took 2.0-3.3 s (`bench/import_cost.py`, 2026-12-03, load 8 on 2 cores)."""
         from readers.note_document import NoteDocument
 
         return NoteDocument(id_=self.id, text=self.text, metadata={**self.volatile, **self.metadata})
