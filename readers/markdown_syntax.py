@@ -139,13 +139,16 @@ def readable_wikilinks(text: str) -> str:
     return WIKILINK.sub(wikilink_shown, text)
 
 
+def headings(text: str) -> list[tuple[int, str]]:
+    """The headings outside code blocks, in order: (level, title as written, inline code kept; `# C#` is "C#")."""
+    if "#" not in text:
+        return []
+    return [(len(m.group(1)), m.group(2).strip()) for m in map(_HEADING.match, _blank_fences(text)) if m]
+
+
 def first_h1(text: str) -> str:
-    """The first level-one heading outside code blocks, or ''; inline code in the heading is kept."""
-    for line in _blank_fences(text):
-        match = _HEADING.match(line)
-        if match and len(match.group(1)) == 1:
-            return match.group(2).strip()
-    return ""
+    """The first level-one heading outside code blocks, or ''."""
+    return next((title for level, title in headings(text) if level == 1), "")
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,8 @@ class NoteRecord:
 
     def to_document(self) -> Any:
         """A LlamaIndex Document with a deterministic id whose `hash` is this `content_hash` (see `NoteDocument`)."""
-        # Imported here, not at the top: note_document imports LlamaIndex (1.2-1.4 s), which a sync that finds nothing
-        # changed never needs (readers/listing.py); only records that become Documents pay for it.
+        # Imported here, not at the top: note_document imports LlamaIndex (2.0-3.3 s: `bench/import_cost.py`,
+        # 2026-12-03, load 8 on 2 cores), which a sync that finds nothing changed never needs (readers/listing.py).
         from readers.note_document import NoteDocument
 
         return NoteDocument(id_=self.id, text=self.text, metadata={**self.volatile, **self.metadata})

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rag_app.config import FAST_EMBEDDING
 from rag_app.index.manifest import Manifest
+from readers.markdown_syntax import headings
 
 if TYPE_CHECKING:
     import numpy as np
@@ -34,7 +34,6 @@ MAX_TOPIC_CHARS = 120  # a "heading" longer than this is a sentence, not a name
 MAX_NOTE_TOPICS = 64  # names one chunk gives its note (the sample vault's most: 9)
 LAZY_LIMIT = 256  # topics a search embeds itself when a sync has not (an older home): the rest wait for the next sync
 HEADING_PARTS = " › "
-_HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", re.MULTILINE)
 
 
 def topics_of(meta: dict[str, object], text: str = "") -> list[str]:
@@ -45,7 +44,7 @@ def topics_of(meta: dict[str, object], text: str = "") -> list[str]:
     heading = str(meta.get("heading") or "")
     if heading:
         names.append(heading.rsplit(HEADING_PARTS, 1)[-1])
-    names += _HEADING.findall(text)
+    names += [title for _, title in headings(text)]  # not a `# comment` in a code block
     for key in ("aliases", "tags"):
         value = meta.get(key)
         try:

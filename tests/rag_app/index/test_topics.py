@@ -40,6 +40,12 @@ def test_a_note_with_thousands_of_tags_gives_its_first_names_not_all():
     assert len(got) == topics.MAX_NOTE_TOPICS and got[:4] == ["hub", "part", "inside", "tag0"]
 
 
+def test_a_comment_in_code_is_not_a_topic_and_a_heading_keeps_its_hash():
+    """Headings by the one heading rule (readers.markdown_syntax.headings): a `# comment` in a fenced block is code."""
+    text = "## C# notes\n\n```bash\n# install the tool\nbrew install x\n```\n"
+    assert topics_of({"title": "t"}, text) == ["t", "C# notes"]
+
+
 def test_a_heading_that_is_a_sentence_and_broken_lists_are_not_topics():
     assert topics_of({"title": "t", "tags": "not json", "heading": "x" * 200}) == ["t"]
     assert topics_of({"title": "", "tags": None, "heading": ""}) == []
