@@ -489,12 +489,7 @@ class Brain:
         audience: str = "user",
         turn_id: str | None = None,
     ) -> AnswerResponse:
-        """Search, then answer only from the notes found, citing them as [n]. Without an LLM: extractive passages.
-
-        With a `session`, the question continues that conversation: it is condensed with the earlier turns into the
-        standalone query that is searched (`coverage["condensed_query"]`), the LLM sees the history within the budget,
-        and the turn is stored. A `turn_id` the session already holds (the same ask run again: `brain ask` after its
-        warm engine died having stored the turn) answers with that turn and stores nothing."""
+        """Search, then answer only from the notes found, citing them as [n] (sessions and turn ids: `Asker.ask`)."""
         return self._asker.ask(question, k, session=session, sources=sources, tags=tags, since=since, until=until,
                                on_token=on_token, budget=budget, audience=audience, turn_id=turn_id)
 
