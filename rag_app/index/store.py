@@ -38,9 +38,12 @@ class StoreUnreachable(StoreError):
 
 def unreachable(exc: BaseException) -> bool:
     """Whether an error (or one it came from) says a Chroma server cannot be reached, rather than that it refused a
-    request or holds no such collection."""
+    request or holds no such collection. An error the index layer already named (an embeddings server that failed:
+    RemoteEmbeddingError, raised from the HTTP error it met) is what it says, not a Chroma outage."""
     import httpx
 
+    if isinstance(exc, StoreError) and not isinstance(exc, StoreUnreachable):
+        return str(exc).startswith("cannot reach the Chroma server")
     seen: BaseException | None = exc
     chain: list[BaseException] = []
     while seen is not None and seen not in chain:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 _NUMBER = re.compile(r"\d")  # 2022, 3月; not 第二部 (in "第二部是谁导演的" a place in a list, not an event)
 SHARED_FACTOR = 2.0  # a word other notes hold too: capped at twice what holding a random word says (Breadth)
+FAIR_FACTOR = 2.0  # a note holding at most this many times its fair share (1/notes) of the words is not capped
 MIN_POOL = 30  # chunks a search must be able to return before a hit's standing out means anything (note_evidence)
 
 
@@ -64,7 +65,9 @@ class Breadth:
     list of every word holds any two common words in one chunk: "speed" and "light"). A typical note's caps are above
     any IDF of its words: on the dev sets no figure moved (docs/retrieval.md). The commonest words pasted as a note
     into the sample vault hold a third of its vocabulary alone, so each question word only they hold is worth ~1
-    nat, not 5. Computed once per keyword index from BM25's postings (a note's chunks are consecutive rows)."""
+    nat, not 5. Only a note holding more than FAIR_FACTOR times its fair share (1/notes) is capped: in a home of
+    one note that note holds every word, and its words say all there is (uncapped, a one-note home answered
+    nothing). Computed once per keyword index from BM25's postings (a note's chunks are consecutive rows)."""
 
     def __init__(self, keyword: KeywordIndex):
         ids = keyword.ids
@@ -90,8 +93,9 @@ class Breadth:
         terms = int((self.holders > 0).sum())
         alone = np.bincount(owner_of[first & (self.holders[term_of] == 1)], minlength=notes)
         held = np.bincount(owner_of[first], minlength=notes)
-        self.alone_cap = np.where(alone > 0, np.log(terms / np.maximum(alone, 1)), np.inf)
-        self.shared_cap = SHARED_FACTOR * np.log(terms / np.maximum(held, 1))
+        broad = notes / (terms * FAIR_FACTOR)  # a note's shares above FAIR_FACTOR x a fair share (1/notes) are broad
+        self.alone_cap = np.where(alone * broad > 1, np.log(terms / np.maximum(alone, 1)), np.inf)
+        self.shared_cap = np.where(held * broad > 1, SHARED_FACTOR * np.log(terms / np.maximum(held, 1)), np.inf)
 
     def caps(self, chunk_ids: list[str], tokens: list[str]) -> np.ndarray:
         """chunks x tokens: the most each query token can be worth in each chunk (no cap for a chunk the index does

@@ -165,6 +165,19 @@ def test_in_a_handful_of_notes_the_words_decide(home, make_vault) -> None:
     assert brain.search("量子色动力学格点规范", k=3, expand=False).not_found
 
 
+def test_a_home_of_one_note_finds_it_by_its_words(home, make_vault) -> None:
+    """The one note of a home holds every word the home knows, alone: that is its fair share, not breadth, so its
+    words count in full (capped by breadth, a one-note home called its own note "not in your notes")."""
+    from rag_app.engine import Brain
+
+    brain = Brain(home)
+    vault = make_vault({"tea.md": "# Tea\n\nGreen tea is brewed at 80 degrees for two minutes.\n"})
+    assert not brain.sync(vaults=(str(vault),)).failed
+    asked = brain.search("how hot should green tea be brewed", k=3, expand=False)
+    assert asked.results[0]["title"] == "Tea" and asked.results[0]["strength"] == "strong"
+    assert asked.answer_state == "found"
+
+
 def test_a_filter_that_leaves_a_few_notes_still_finds_the_one_named(sample_brain) -> None:
     response = sample_brain.search("电影清单", k=3, tags=("电影",), expand=False)
     assert [r["title"] for r in response.results] == ["电影清单"] and response.results[0]["strength"] == "strong"
