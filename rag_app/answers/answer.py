@@ -295,14 +295,24 @@ def _fit(block: _Block, terms: list[str], limit: int, prefer: str | None = None)
     return _Block(block.kind, [without_stray_markers(_fit_text(block.text, terms, limit, prefer))], block.section)
 
 
+_MARK_ONLY = re.compile(r"^\s*(?:[-*+]|\d{1,3}[.)])\s*$")  # "7. " cut off an item as if a sentence
+
+
 def _units(block: _Block) -> list[str]:
     """The lines of a block that may answer on their own: a table's body rows, each sentence of each line of a
-    paragraph (a short one's too: its meaning is read per sentence), an item or a code block whole."""
+    paragraph (a short one's too: its meaning is read per sentence), an item whole and, when it has several, each of
+    its sentences, each line of a code block with the lines beside it."""
     if block.kind == "table":
         has_rule = len(block.lines) > 1 and _TABLE_RULE.match(block.lines[1])
         return block.lines[2:] if has_rule else block.lines
     if block.kind == "text":
         return [s.strip() for s in line_sentences(block.text)]
+    if block.kind == "code":  # a log or a config answers by a line read with its neighbours (a comment, the keys
+        body = [line.strip() for line in block.lines[1:-1] if line.strip()]  # beside), not by a whole dump's words
+        return ["\n".join(body[max(k - 1, 0):k + 2]) for k in range(len(body))] or [block.text]
+    if block.kind == "item":  # an item of several sentences is read whole and per sentence
+        pieces = [s.strip() for s in line_sentences(block.text) if s.strip() and not _MARK_ONLY.match(s)]
+        return [block.text, *pieces] if len(pieces) > 1 else [block.text]
     return [block.text]
 
 

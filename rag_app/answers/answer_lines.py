@@ -22,6 +22,8 @@ MEANING_WEIGHT = 1.0  # the cosine's weight beside the words' (normalised to the
 OTHER_LANGUAGE = 2.0  # the cosine's weight is doubled when question and note are in different languages
 FOCUS_WEIGHT = 2.0  # the words a question asks about: 糖 in 放多少糖, memory in "how much Redis memory"
 NUMBER_BONUS = 0.3  # for a line with a number when the question asks for an amount or a time
+KIND_WEIGHT = 1.0  # a number of the kind asked (5.8kg for 多重), as a share of the question's weightiest word
+HEAD_WEIGHT = 2.0  # a word in a line's label ("- ASIO: a HAL…", "14:52 — Hotfix: lower…") names what the line gives
 MAX_UNITS = 200  # lines of one note compared by meaning; a longer note's lines are cut by their words first
 
 # "when" opening the question, not "… when the tab bar is full"
@@ -34,14 +36,49 @@ _FOCUS_ZH = re.compile(r"(?:多少|几)[个种部本家位次张条件]?([\u4e00
 _FOCUS_EN = re.compile(r"\bhow (?:much|many)\s+"
                        r"([a-z0-9][\w-]*(?:\s+[a-z0-9][\w-]*)?)", re.IGNORECASE)
 _HOW_WORD = re.compile(r"\bhow\s+([a-z]+)", re.IGNORECASE)  # "how much": says what is asked, not what about
+# Question phrases whose second word is the asking (什么时候 is "when"), and what a question asks with in English
+# beyond the stopwords: modal verbs and the stems of negated auxiliaries (isn't → isn).
+_ASKING_PHRASE = re.compile(r"什么(?:时候|时间|地方)")
+_FUNCTION_WORDS = frozenset("must may might shall isn aren wasn weren don doesn didn won wouldn shouldn couldn "
+                            "haven hasn hadn mustn needn".split())
 # A number: digits (not a list item's own number), a Chinese numeral with its unit (十点, 半勺, 两三个; not a lone 一:
 # 一点 is "a little"), or an English number word (tens, hundreds).
 _LIST_MARK = re.compile(r"^\s*(?:[-*+]\s+|\d{1,3}[.)、]\s*)")
 _NUMBER = re.compile(
-    r"\d|(?:[零一二两三四五六七八九十百千万亿半]{2,}|[零二两三四五六七八九十百千万亿半])\s*(?:个|点|分|秒|天|日|周|星期|月|年|次|遍|"
+    r"(?<![A-Za-z0-9_])\d|(?:[零一二两三四五六七八九十百千万亿半]{2,}|[零二两三四五六七八九十百千万亿半])\s*(?:个|点|分|秒|天|日|周|星期|月|年|次|遍|"
     r"张|本|杯|勺|克|斤|块|元|岁|度|公里|里|米|小时|钟|倍|成|层|页|人|份|碗|瓶|罐|台|部|件|条|种|家|号|晚|站|趟|顿)|"
     r"\b(?:two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|twenty|thirty|forty|fifty|sixty|seventy|eighty|"
     r"ninety|hundreds?|thousands?|millions?|billions?|dozens?|tens|half)\b", re.IGNORECASE)
+# The kind of amount a question asks for, and a line's number of that kind (a number with its unit): 多重 / how heavy
+# is answered by 5.8kg, how big by 360 KB, which frequencies by 3 MHz, 什么时候 by 春秋 or 9 月. Units follow the
+# number; a time may also be said without one (早上, spring, 周末).
+_NUM = r"(?:(?<![A-Za-z0-9_])\d[\d.,]*|[零一二两三四五六七八九十百千万半几]+)\s*"
+_KINDS = [(re.compile(q, re.IGNORECASE), re.compile(line, re.IGNORECASE)) for q, line in (
+    (r"多重|多沉|体重|重量|\bhow heavy\b|\bweigh", _NUM + r"(?:kg|g|mg|lbs?|pounds?|oz|tons?|公斤|千克|克|斤|磅|吨)"
+     r"(?![a-z])"),
+    (r"多远|多长(?!时间)|多高|多深|多宽|多厚|距离|长度|身高|\bhow (?:far|tall|high|deep|wide|long)\b|\bdistance\b|"
+     r"\blength\b|\bheight\b", _NUM + r"(?:km|m|cm|mm|mi|miles?|met(?:er|re)s?|kilomet(?:er|re)s?|feet|ft|inch(?:es)?|"
+     r"公里|千米|米|厘米|毫米|里|英里)(?![a-z])"),
+    (r"多久|多长时间|几(?:个)?(?:天|小时|分钟|周|星期|月|年)|\bhow long\b|\bhow many (?:days|hours|minutes|weeks|"
+     r"months|years)\b|\bduration\b", _NUM + r"(?:s|secs?|seconds?|mins?|minutes?|h|hrs?|hours?|days?|weeks?|"
+     r"months?|years?|秒|分钟|分|小时|个?钟头|天|周|星期|个月|年)(?![a-z])"),
+    (r"几度|多少度|温度|水温|气温|\btemperature\b|\bhow (?:hot|cold|warm)\b", _NUM + r"(?:°|℃|度|degrees?)"),
+    (r"多大|容量|大小|\bhow (?:big|large)\b|\bsize\b|\bcapacity\b", _NUM + r"(?:[kmgt]i?b|bytes?|mah|wh|l|ml|升|"
+     r"毫升|平米|平方米|㎡|寸|inch(?:es)?)(?![a-z])"),
+    (r"多少钱|价格|价钱|花了多少|\bcosts?\b|\bprices?\b|\bhow much (?:did|does|do|is|was) .*\b(?:pay|spend|cost)",
+     r"[¥￥$€£]\s*\d|" + _NUM + r"(?:元|块|rmb|yuan|dollars?|euros?|usd|eur|gbp)(?![a-z])"),
+    (r"\bfrequenc|频率|频段", _NUM + r"(?:[kmgt]?hz|赫兹)(?![a-z])"),
+    (r"多久一次|几次|\bhow often\b|\bhow many times\b", r"每|一次|\bevery\b|\bper\b|\bdaily\b|\bweekly\b|"
+     r"\btimes? a\b|" + _NUM + r"(?:次|遍|times)"),
+    (r"几点|什么时候|什么时间|哪年|哪天|\bwhat time\b|^\W*when\b", r"\d{1,2}[:：]\d{2}|" + _NUM + r"(?:点|點|am|pm|"
+     r"a\.m\.|p\.m\.|月|日|号|年)|\b(?:19|20)\d\d\b|早上|上午|中午|下午|晚上|凌晨|周末|春|夏|秋|冬|季|"
+     r"\b(?:morning|noon|afternoon|evening|night|weekends?|spring|summer|autumn|winter|mondays?|tuesdays?|"
+     r"wednesdays?|thursdays?|fridays?|saturdays?|sundays?|january|february|march|april|may|june|july|august|"
+     r"september|october|november|december)\b"),
+)]
+# A line's label: the few words before its first ": " (or ：), after a list marker ("- ASIO: a HAL…", "体重：5.8kg").
+_LABEL = re.compile(r"^\s*(?:>\s*)*(?:[-*+]\s+(?:\[[ xX]\]\s+|[☐☑]\s+)?|\d{1,3}[.)、]\s*)?"
+                    r"((?:[^:：\n]|:(?!\s)){1,60}?)(?::\s|：)")
 _TAGS_ONLY = re.compile(r"^\s*(?:#[^\s#]+\s*)+$")
 _SENTENCE = re.compile(r".+?(?:[。！？!?；;]+|\.(?=\s)|$)\s*", re.DOTALL)
 
@@ -66,26 +103,29 @@ class LineScorer:
     asks_amount: bool
     similarity: Callable[[list[str]], list[float] | None] | None = None
     han: bool | None = None  # the question is Chinese (None: not known)
+    kinds: tuple[re.Pattern[str], ...] = ()  # a number of the kind the question asks for (5.8kg for 多重)
 
     @classmethod
     def for_question(cls, question: str, idf: Callable[[str], float | None],
                      similarity: Callable[[list[str]], list[float] | None] | None = None) -> LineScorer:
         from rag_app.index.keyword import is_question_word, tokenize
 
-        asking = {t for word in _HOW_WORD.findall(question) for t in tokenize(word)}
+        asking = {t for word in _HOW_WORD.findall(question) + _ASKING_PHRASE.findall(question)
+                  for t in tokenize(word)} | _FUNCTION_WORDS
         terms = [t for t in dict.fromkeys(_base(t) for t in tokenize(question))
                  if not is_question_word(t) and t not in asking]
         weights = {t: idf(t) or 0.0 for t in terms}
         for t in _focus(question):
             if t in weights:
                 weights[t] *= FOCUS_WEIGHT
-        return cls(terms, weights, bool(_ASKS_AMOUNT.search(question)), similarity, _is_han(question))
+        kinds = tuple(line for asked, line in _KINDS if asked.search(question))
+        return cls(terms, weights, bool(_ASKS_AMOUNT.search(question)), similarity, _is_han(question), kinds)
 
     def scores(self, units: list[tuple[str, str]], title: str) -> list[float]:
         """One score per (section, text) unit: the higher, the more likely the line answers."""
         in_title = _Text(title)
         sections = {section: _Text(section) for section, _ in units}
-        words = [self._words(_Text(text), sections[section], in_title) for section, text in units]
+        words = [self._words(_Text(text, labelled=True), sections[section], in_title) for section, text in units]
         best = max(words, default=0.0) or 1.0
         scores = [w / best for w in words]
         if self.similarity is not None and units:
@@ -108,8 +148,20 @@ class LineScorer:
         total = 0.0
         for term in self.terms:
             weight = self.weights[term] * (TITLE_DISCOUNT if term in title else 1.0)
-            total += weight if term in line else SECTION_SHARE * weight if term in section else 0.0
+            if line.label is not None and term in line.label and self._names(line.label):
+                total += HEAD_WEIGHT * weight
+            else:
+                total += weight if term in line else SECTION_SHARE * weight if term in section else 0.0
+        if self.kinds and any(kind.search(line.text) for kind in self.kinds) and KIND_WEIGHT:
+            total += KIND_WEIGHT * max(self.weights.values(), default=0.0)
         return total
+
+
+    def _names(self, label: _Text) -> bool:
+        """Whether a line's label is mostly the question's words ("Redis memory" for "how much Redis memory"; not
+        "More information is available in Netlify's guide")."""
+        words = [t for t in label.tokens if not any(c.isdigit() for c in t)]  # "14:52 — Hotfix" names a hotfix
+        return sum(t in self.weights for t in words) * 2 > len(words)
 
 
 def _is_han(text: str) -> bool:
@@ -162,11 +214,14 @@ class _Text:
     """A line as the scorer reads it: its tokens, and its folded text, in which a Chinese word is looked up as written
     (jieba cuts the same characters differently by context: 看完 in the question, 看完想 in the line)."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, labelled: bool = False) -> None:
         from rag_app.index.keyword import to_simplified, tokenize
 
+        self.text = text
         self.tokens = {_base(t) for t in tokenize(text)}
         self.folded = to_simplified(unicodedata.normalize("NFKC", text).lower())
+        label = _LABEL.match(text) if labelled else None
+        self.label = _Text(re.split(r"[,，(（]", label.group(1))[0]) if label else None  # "GStreamer, another…"
 
     def __contains__(self, term: str) -> bool:
         return term in self.tokens or (_HAN_TERM.match(term) is not None and term in self.folded)

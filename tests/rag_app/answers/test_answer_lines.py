@@ -173,3 +173,67 @@ def test_most_answers_whose_note_is_shown_show_the_answering_line(sample_brain):
         shown += 1
         with_line += " ".join(line.split()) in text
     assert shown >= 55 and with_line / shown >= 0.92, (with_line, shown)
+
+
+@pytest.mark.parametrize("question, asking", [
+    ("什么时候给植物施肥", "时候"),  # 什么时候 is "when": 时候 is in the question's asking, not what it is about
+    ("why isn't GStreamer used to connect audio apps", "isn"),
+    ("what must a schema file be named", "must"),
+])
+def test_the_words_a_question_asks_with_are_not_looked_for(question, asking):
+    assert asking not in LineScorer.for_question(question, {}.get).terms
+
+
+def test_a_number_of_the_kind_asked_counts_as_the_question_s_weightiest_word():
+    """多重 asks a weight: 5.8kg answers it, the note's intro that names the cat and her age does not; a number of
+    another kind (3 次) is only a number."""
+    scorer = LineScorer.for_question("馒头多重", {"馒头": 4.0}.get,
+                                     lambda lines: [0.1 if "kg" in line else 0.0 for line in lines])
+    intro, weight, visits = scorer.scores([("", "家里的猫叫馒头，今年三岁。"), ("基本信息", "- 体重：5.8kg"),
+                                           ("基本信息", "- 驱虫：每年 3 次")], "猫咪日常")
+    assert weight > intro and weight > visits + 0.9
+    size = LineScorer.for_question("how big did the kernel log grow", {"kernel": 4.0, "log": 6.0, "grow": 6.0}.get)
+    assert size.scores([("", "- Flooding dmesg (was ~360 KB after 1 hour)")], "") == [pytest.approx(1.3)]
+
+
+def test_a_digit_inside_a_word_is_no_number():
+    assert LineScorer.for_question("how big is the ath10k log", {}.get).scores([("", "the ath10k_pci driver")], "") == [
+        0.0]
+
+
+def test_a_question_word_in_a_line_s_label_counts_double_when_the_label_is_mostly_the_question_s():
+    """"14:52 — Hotfix: lower idle timeout" gives the hotfix; "Redis memory: 720 KB" is not about Redis being down."""
+    idf = {"hotfix": 4.0, "checkout": 4.0, "connect": 3.4, "reset": 2.6}
+    scorer = LineScorer.for_question("what was the hotfix for the checkout connection resets", idf.get)
+    retry, hotfix = scorer.scores([("Action items", "- ☐ Retry once on connection reset for idempotent calls"),
+                                   ("Timeline", "- 14:52 — Hotfix: lower idle timeout to 30s")], "Incident")
+    assert hotfix > retry
+    scorer = LineScorer.for_question("what does the rate limiter do if Redis is down",
+                                     {"rate": 1.7, "limit": 1.7, "redi": 2.1}.get)
+    memory, fail_open = scorer.scores([("Appendix", "- Redis memory: ~1,200 tenants × ~100 bytes"),
+                                       ("Risks", "- If Redis is unreachable, the limiter fails open")], "Design doc")
+    assert fail_open > memory
+
+
+def test_a_code_block_answers_by_a_line_and_its_neighbours_not_by_all_its_words():
+    """A log holding the question's words line after line is no answer to how big the log grew."""
+    note = ("# Debugging\n\n```\n[1.0] kernel module loaded\n[1.1] ok\n[1.2] ok\n[1.3] wifi card found\n[1.4] ok\n"
+            "[1.5] ok\n[1.6] pcie error\n```\n\n## Notes\n\n- The log grew to 360 KB in an hour\n")
+    idf = {"kernel": 4.0, "log": 2.0, "grow": 2.0, "wifi": 6.0, "error": 5.0}
+    scorer = LineScorer.for_question("how big did the kernel log grow from the wifi errors", idf.get)
+    section, text = passage(note, [], scorer=scorer, title="Debugging")
+    assert section == "Notes" and "360 KB" in text
+
+
+def test_an_item_of_several_sentences_is_read_per_sentence_too():
+    note = ("# Sleep\n\n## The list\n\n1. Same bedtime every day, weekends included.\n"
+            "2. Don't fight it. If I'm still awake after 20 minutes, I get up and read.\n\n"
+            "## What didn't help\n\n- Melatonin gummies — groggy the next morning.\n")
+
+    def similarity(lines: list[str]) -> list[float]:
+        return [0.6 if "still awake" in line and "Don't" not in line else 0.4 if "Melatonin" in line else 0.3
+                for line in lines]  # the item whole means less than its sentence, and less than the gummies
+
+    scorer = LineScorer.for_question("what do I do when I can't fall asleep", {}.get, similarity)
+    section, text = passage(note, [], scorer=scorer, title="Sleep")
+    assert section == "The list" and "still awake after 20 minutes" in text
