@@ -152,10 +152,9 @@ class LineScorer:
                 total += HEAD_WEIGHT * weight
             else:
                 total += weight if term in line else SECTION_SHARE * weight if term in section else 0.0
-        if self.kinds and any(kind.search(line.text) for kind in self.kinds) and KIND_WEIGHT:
+        if any(kind.search(line.text) for kind in self.kinds):
             total += KIND_WEIGHT * max(self.weights.values(), default=0.0)
         return total
-
 
     def _names(self, label: _Text) -> bool:
         """Whether a line's label is mostly the question's words ("Redis memory" for "how much Redis memory"; not
