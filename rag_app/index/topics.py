@@ -13,11 +13,12 @@ vectors and reused across notes that share a tag or title; a search reads them o
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rag_app.config import FAST_EMBEDDING
 from rag_app.index.manifest import Manifest
@@ -94,11 +95,14 @@ def fill_topics(manifest: Manifest, embed: Callable[[list[str]], list[list[float
 
 @dataclass
 class TopicIndex:
-    """Unit vectors of every note's topics (rows), with the note and the text of each row."""
+    """Every note's topics (rows): the note and the text of each row, and unit vectors of the topics. With
+    `row_vector`, `vectors` holds each distinct text once and row i's vector is `vectors[row_vector[i]]` (a heading
+    shared by many notes is one vector: at 25,000 notes one row per vector was ~300 MB); without it, one per row."""
 
     notes: list[str]
     texts: list[str]
     vectors: np.ndarray
+    row_vector: np.ndarray | None = None
 
     @staticmethod
     def load(manifest: Manifest, embed: Callable[[list[str]], list[list[float]]] | None = None) -> TopicIndex:
@@ -126,17 +130,22 @@ class TopicIndex:
 
         if not kept:
             return TopicIndex([], [], np.zeros((0, 0), dtype=np.float32))
-        matrix = np.stack([np.frombuffer(stored[t], dtype=np.float32) for _, t in kept])
+        kept = sorted(kept, key=lambda pair: pair[0])  # a note's rows together (best reads them as groups)
+        distinct = list(dict.fromkeys(t for _, t in kept))
+        place = {t: i for i, t in enumerate(distinct)}
+        matrix = np.stack([np.frombuffer(stored[t], dtype=np.float32) for t in distinct])
         norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-        return TopicIndex([n for n, _ in kept], [t for _, t in kept], matrix / np.where(norms > 0, norms, 1.0))
+        return TopicIndex([n for n, _ in kept], [t for _, t in kept], matrix / np.where(norms > 0, norms, 1.0),
+                          np.asarray([place[t] for _, t in kept], dtype=np.int64))
 
     def __len__(self) -> int:
         return len(self.notes)
 
-    def best(self, query_vectors: Iterable[list[float]],
-             allowed: set[str] | None = None) -> dict[str, tuple[float, str]]:
+    def best(self, query_vectors: Iterable[list[float]], allowed: set[str] | None = None, top: int | None = None,
+             include: Iterable[str] = ()) -> dict[str, tuple[float, str]]:
         """Per note: its best topic's cosine to the query (the better of the query's forms per topic) and that topic,
-        best first; only notes in `allowed` when given."""
+        best first; only notes in `allowed` when given. `top`: only the `top` best notes, and those of `include`
+        (a search reads the first few and its results': at 25,000 notes a dict of every note cost ~220 ms)."""
         if not len(self):
             return {}
         import numpy as np
@@ -144,9 +153,30 @@ class TopicIndex:
         queries = np.asarray(list(query_vectors), dtype=np.float32)
         queries /= np.maximum(np.linalg.norm(queries, axis=1, keepdims=True), 1e-12)
         sims = (self.vectors @ queries.T).max(axis=1)
+        if self.row_vector is not None:
+            sims = sims[self.row_vector]
+        note_names, starts = self._groups
+        per_note = np.maximum.reduceat(sims, starts)
+        if allowed is not None:
+            per_note = np.where(np.fromiter((n in allowed for n in note_names), dtype=bool, count=len(note_names)),
+                                per_note, -np.inf)
+        order = np.argsort(-per_note, kind="stable")
+        if top is not None:
+            wanted = set(include)
+            order = [i for n, i in enumerate(order) if n < top or note_names[i] in wanted]
+        ends = np.append(starts[1:], len(sims))
         out: dict[str, tuple[float, str]] = {}
-        for row in np.argsort(-sims):
-            note = self.notes[row]
-            if note not in out and (allowed is None or note in allowed):
-                out[note] = (float(sims[row]), self.texts[row])
+        for i in order:
+            if per_note[i] == -np.inf:
+                break
+            row = starts[i] + int(np.argmax(sims[starts[i]:ends[i]]))
+            out[note_names[i]] = (float(per_note[i]), self.texts[row])
         return out
+
+    @functools.cached_property
+    def _groups(self) -> tuple[list[str], Any]:
+        """The notes in row order and where each note's rows start (rows are grouped by note: `_of`)."""
+        import numpy as np
+
+        starts = [i for i, note in enumerate(self.notes) if i == 0 or note != self.notes[i - 1]]
+        return [self.notes[i] for i in starts], np.asarray(starts, dtype=np.int64)

@@ -16,7 +16,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -207,15 +207,17 @@ class SearchIndex:
             self._topics_stamp = stamp
         return self._topics if len(self._topics) else None
 
-    def topic_similarity(self, text: str, notes: set[str] | None = None) -> dict[str, tuple[float, str]]:
-        """Per note (those in `notes` when given), best first: its best topic's cosine to the query and that topic;
-        a Traditional query is compared as written and folded to Simplified, the better per topic."""
+    def topic_similarity(self, text: str, notes: set[str] | None = None, top: int | None = None,
+                         include: Iterable[str] = ()) -> dict[str, tuple[float, str]]:
+        """Per note (those in `notes` when given; the `top` best and those of `include` when `top` is given), best
+        first: its best topic's cosine to the query and that topic; a Traditional query is compared as written and
+        folded to Simplified, the better per topic."""
         if TOPIC_MODEL not in self.settings.models:
             return {}
         texts = [text] + ([folded] if (folded := to_simplified(text)) != text else [])
         vectors = [self.embed_query(t, TOPIC_MODEL) for t in texts]  # loads the model: an older home's topics need it
         topics = self.topics()
-        return topics.best(vectors, notes) if topics is not None else {}
+        return topics.best(vectors, notes, top, include) if topics is not None else {}
 
     def line_similarities(self, question: str, lines: list[str]) -> list[float] | None:
         """Cosines of lines to a question by the fast model (rag_app.answers.answer_lines), or None when the home has
@@ -697,7 +699,7 @@ class NoteFusionRetriever(QueryFusionRetriever):
         question to one), the three closest notes join the ranking as a channel of their own (reciprocal rank,
         weight TOPIC_WEIGHT), and that note's topic makes it "related" when close enough (relevance.topical).
         False when the home has no topics (no fast model)."""
-        best = index.topic_similarity(text, notes)
+        best = index.topic_similarity(text, notes, max(TOPIC_SPREAD, TOPIC_CHANNEL), [r["note_id"] for r in results])
         if not best:
             return False
         ranked = list(best.items())

@@ -103,3 +103,22 @@ def test_best_gives_each_note_its_closest_topic_best_first_within_allowed_notes(
     assert list(index.best([[1.0, 0.1]])) == ["a", "b"]
     assert list(index.best([[1.0, 0.1]], allowed={"b"})) == ["b"]
     assert TopicIndex([], [], np.zeros((0, 0), dtype=np.float32)).best([[1.0, 0.0]]) == {}
+
+
+def test_best_can_give_only_the_first_notes_and_those_asked_for():
+    """A search reads the first few notes and its results' topics, not a dict of every note in the home."""
+    vectors = np.asarray([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.5, 0.5]], dtype=np.float32)
+    index = TopicIndex(["a", "b", "c", "d"], ["alpha", "beta", "gamma", "delta"], vectors)
+    assert list(index.best([[1.0, 0.0]], top=2)) == ["a", "b"]
+    assert list(index.best([[1.0, 0.0]], top=1, include=["c"])) == ["a", "c"]
+    assert list(index.best([[1.0, 0.0]], allowed={"c", "d"}, top=1)) == ["d"]
+
+
+def test_a_topic_many_notes_share_is_one_vector():
+    """A heading shared by many notes ("Summary") is kept once, and each of them finds it."""
+    one = np.asarray([1.0, 0.0], dtype=np.float32).tobytes()
+    other = np.asarray([0.0, 1.0], dtype=np.float32).tobytes()
+    index = TopicIndex._of([("a", "Summary"), ("b", "Summary"), ("b", "Tea")], {"Summary": one, "Tea": other})
+    assert index.vectors.shape == (2, 2)
+    assert index.best([[1.0, 0.0]]) == {"a": (1.0, "Summary"), "b": (1.0, "Summary")}
+    assert index.best([[0.0, 1.0]], top=1) == {"b": (1.0, "Tea")}
