@@ -50,8 +50,8 @@ def run(index: SearchIndex, questions: list[dict], doc_of, mode: str) -> list[di
     for q in questions:
         response = search(index, q["text"], k=10, mode=mode)
         out.append({**q, "state": response.answer_state, "ms": response.timing["total_ms"],
-                    "results": [{"doc": doc_of(r), "relevance": r["relevance"], "topic": r.get("topic")}
-                                for r in response.results]})
+                    "results": [{"doc": doc_of(r), "relevance": r["relevance"], "topic": r.get("topic"),
+                                 "second_opinion": r.get("second_opinion", 0.0)} for r in response.results]})
     return out
 
 

@@ -31,6 +31,14 @@ TOPIC_RELATED = 0.45  # a note whose topic is this close (and stands out: retrie
 TOPIC_FULL = 0.75  # ... and this close, the most a topic alone says: just under "strong"
 TOPIC_UNSURE = 0.35  # no result is related, but a lead's topic is this close: "not sure", not "not in your notes"
 LEAD = 0.02  # ... or a lead's own relevance reaches this
+# The default configuration's second opinion (issue 28): the fast model ("bm25+use") rating the same evidence. A
+# paraphrase or another language's question finds its note by meaning alone, where the default model, fitted mostly on
+# question-answering sets, trusts the fast channel least (its `use` weight is negative). Chosen on semantic_dev's
+# default rows and checked on every question-answering set (docs/retrieval.md, "Topical questions").
+FAST_LEAD = 0.08  # a top-3 lead the fast channel ranks among its first DENSE_TOP, rated this by the fast model: unsure
+DENSE_TOP = 3  # ... and a note both dense channels rank among their first this many, rated RELATED or more by the
+# fast model, is "related" (at most: never "strong" on the second opinion alone)
+RANK_ABSENT = 99  # a note's place in a channel's list that does not hold it (`e5_rank`, `use_rank` evidence)
 STATES = ("found", "unsure", "not_found")
 AGREE = "agree"
 FEATURES = ("lexical", "lexical_margin", "title", "known", "bm25_gap", "number_missed", "rarest_missed", "e5", "e5_gap",
@@ -70,6 +78,33 @@ def probability(key: str, features: Mapping[str, float],
     return 1.0 / (1.0 + math.exp(-max(-40.0, min(40.0, z))))
 
 
+def second_opinion(key: str, features: Mapping[str, float]) -> float:
+    """The fast model's probability for a note the default configuration rated (0 in any other configuration, or
+    when the fast channel does not rank the note among its first DENSE_TOP): the same evidence, read by the model
+    fitted where the fast channel is the only dense one."""
+    parts = key.split("+")
+    if "e5" not in parts or "use" not in parts or features.get("use_rank", RANK_ABSENT) >= DENSE_TOP:
+        return 0.0
+    return probability("+".join(p for p in parts if p != "e5"), features)
+
+
+def rated(key: str, features: Mapping[str, float]) -> tuple[float, float]:
+    """A note's relevance for one query run, and the second opinion it carries (`second_opinion`). When both dense
+    channels rank the note among their first DENSE_TOP and the fast model says RELATED or more, the relevance is at
+    least that, just under STRONG: two models agreeing on a note by meaning say it is about the question."""
+    own = probability(key, features)
+    second = second_opinion(key, features)
+    if second >= RELATED and features.get("e5_rank", RANK_ABSENT) < DENSE_TOP:
+        own = max(own, min(second, STRONG - 0.01))
+    return own, second
+
+
+def rate(runs: list[tuple[str, Mapping[str, float]]]) -> tuple[float, float]:
+    """A note's relevance and second opinion over the question's run and its variants' (`rated`, then `combined`)."""
+    pairs = [rated(key, features) for key, features in runs]
+    return combined([own for own, _ in pairs]), combined([second for _, second in pairs])
+
+
 def combined(runs: list[float]) -> float:
     """A note's relevance over the question (`runs[0]`) and its variants: the question's own, or the second best of
     all runs when that is higher. The best of a dozen variants alone is a multiple comparison (one of them matches an
@@ -103,14 +138,15 @@ def topical(similarity: float) -> float:
 
 def answer_state(results: list[Mapping[str, Any]]) -> str:
     """found: a result is strong or related. unsure: none is, but one of the first three leads is close to the
-    question (its relevance reaches LEAD, or its topic stands out at TOPIC_UNSURE or closer): the notes may cover
-    it, said as uncertainty.
+    question (its relevance reaches LEAD, its `second_opinion` FAST_LEAD, or its topic stands out at TOPIC_UNSURE or
+    closer): the notes may cover it, said as uncertainty.
     not_found: nothing in the notes is close (nonsense, another language's or domain's subject, an absent topic)."""
     if any(r.get("relevance", 0.0) >= RELATED for r in results):
         return "found"
     for result in results[:3]:
         topic = result.get("topic") or {}
-        if result.get("relevance", 0.0) >= LEAD or (topic.get("stands_out") and topic["similarity"] >= TOPIC_UNSURE):
+        if (result.get("relevance", 0.0) >= LEAD or result.get("second_opinion", 0.0) >= FAST_LEAD
+                or (topic.get("stands_out") and topic["similarity"] >= TOPIC_UNSURE)):
             return "unsure"
     return "not_found"
 

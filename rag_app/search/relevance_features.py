@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rag_app.index.keyword import is_question_word, tokenize
-from rag_app.search.relevance import AGREE, channel_key, dense_family
+from rag_app.search.relevance import AGREE, RANK_ABSENT, channel_key, dense_family
 from readers.records import decode_list
 
 if TYPE_CHECKING:
@@ -179,10 +179,21 @@ def note_evidence(index: SearchIndex, fusion: NoteFusionRetriever, note_ids: lis
             continue
         tops = [{note_by_chunk.get(c) for c, _ in lists[name][:3]} for name in ran]
         key = channel_key("bm25" if name == "bm25" else dense_family(models[name]) for name in ran)
+        ranks = {dense_family(models[name]): note_ranks(lists[name], note_by_chunk) for name in ran if name != "bm25"}
         for note in note_ids:
             features[note][AGREE] = sum(note in top for top in tops) / len(tops)
+            for family, order in ranks.items():  # read by relevance.second_opinion, not by the model
+                features[note][f"{family}_rank"] = float(order.get(note, RANK_ABSENT))
             out[note].append((key, features[note]))
     return out
+
+
+def note_ranks(hits: list[tuple[str, float]], note_by_chunk: dict[str, str]) -> dict[str, int]:
+    """Each note's place (0 = first) among the distinct notes of a channel's list, best chunk first."""
+    order: dict[str, int] = {}
+    for chunk_id, _ in hits:
+        order.setdefault(note_by_chunk.get(chunk_id, chunk_id), len(order))
+    return order
 
 
 def lexical_features(index: SearchIndex, fusion: NoteFusionRetriever, query: str, chunks_of: dict[str, list[str]],

@@ -539,9 +539,10 @@ class NoteFusionRetriever(QueryFusionRetriever):
     Each node is a note: its id is the note id, its text the note's best matched passages (up to three chunks, joined
     by "\n…\n"), its score the fused score (it orders the list; it means nothing across queries), and its metadata
     the search result: note_id, title, source, kind, path (vault) or url and memo_id (memos), `relevance` (0–1,
-    calibrated: the probability that the note answers) and `strength` (strong, related, weak), `excerpt`, `chunks`
-    (the matched passages: chunk_id, heading, score, text), tags, created, updated, duplicates. Only title, path or
-    url, tags and dates are shown to an LLM (`excluded_llm_metadata_keys`).
+    calibrated: the probability that the note answers) and `strength` (strong, related, weak), in the default
+    configuration `second_opinion` (the fast model's probability, when the fast channel ranks the note high),
+    `excerpt`, `chunks` (the matched passages: chunk_id, heading, score, text), tags, created, updated, duplicates.
+    Only title, path or url, tags and dates are shown to an LLM (`excluded_llm_metadata_keys`).
 
     Per search it picks its channels (BM25, the main dense model, the second one; `mode` narrows them), applies the
     filters (and a time phrase in the query: "上个月的读书笔记"), fuses chunks, collapses them to notes, and rates
@@ -647,8 +648,7 @@ class NoteFusionRetriever(QueryFusionRetriever):
         pool = len(allowed) if allowed is not None else len(index.keyword().ids)
         evidence = note_evidence(index, self, [r["note_id"] for r in results], pool)
         for result in results:
-            result["relevance"] = round(relevance.combined([relevance.probability(key, features)
-                                                            for key, features in evidence[result["note_id"]]]), 4)
+            rate(result, evidence[result["note_id"]])
         topics_used = False
         if mode == "hybrid" and (not results or results[0]["relevance"] < relevance.STRONG):
             # words did not settle it: what the notes are about may (a topical question); skipped otherwise, so a
@@ -717,8 +717,7 @@ class NoteFusionRetriever(QueryFusionRetriever):
                 added = note_evidence(index, self, joining, pool)
                 evidence.update(added)
                 for result in results[-len(joining):]:
-                    result["relevance"] = round(relevance.combined(
-                        [relevance.probability(key, features) for key, features in added[result["note_id"]]]), 4)
+                    rate(result, added[result["note_id"]])
             results.sort(key=lambda r: score[r["note_id"]], reverse=True)
             del results[k:]
             for result in results:
@@ -837,6 +836,15 @@ def _topic_results(index: SearchIndex, note_ids: list[str], best: dict[str, tupl
         chunk_id = next((c for _, h, c in chunks if h and h == best[note_id][1]), chunks[0][2])
         out.append(_result(note_id, index.nodes([(chunk_id, 0.0)]), terms))
     return out
+
+
+def rate(result: dict[str, Any], runs: list[tuple[str, dict[str, float]]]) -> None:
+    """A result's `relevance` from its evidence, and in the default configuration the fast model's `second_opinion`
+    when the fast channel ranks the note among its first (relevance.second_opinion; absent when 0)."""
+    own, second = relevance.rate(runs)
+    result["relevance"] = round(own, 4)
+    if second > 0:
+        result["second_opinion"] = round(second, 4)
 
 
 def note_node(result: dict[str, Any]) -> NodeWithScore:

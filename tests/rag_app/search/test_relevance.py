@@ -11,6 +11,8 @@ import pytest
 
 from rag_app.search import relevance
 from rag_app.search.relevance import (
+    DENSE_TOP,
+    FAST_LEAD,
     LEAD,
     RELATED,
     STRONG,
@@ -22,6 +24,9 @@ from rag_app.search.relevance import (
     combined,
     not_found,
     probability,
+    rate,
+    rated,
+    second_opinion,
     strength,
     topical,
 )
@@ -53,6 +58,37 @@ def test_a_topic_makes_a_lead_unsure_only_when_it_stands_out() -> None:
     assert answer_state([{"relevance": 0.0, "topic": {**close, "stands_out": False}}]) == "not_found"
     assert answer_state([{"relevance": 0.0, "topic": {**close, "similarity": TOPIC_UNSURE - 0.01,
                                                       "stands_out": True}}]) == "not_found"
+
+
+def test_a_second_opinion_of_the_fast_model_makes_a_lead_unsure() -> None:
+    """In the default configuration a lead the fast model rates at FAST_LEAD or more is "not sure", not "not in your
+    notes" (semantic_dev's paraphrases and other-language questions: issue 28); only the first three leads count."""
+    assert answer_state([{"relevance": 0.0, "second_opinion": FAST_LEAD}]) == "unsure"
+    assert answer_state([{"relevance": 0.0, "second_opinion": FAST_LEAD - 0.001}]) == "not_found"
+    assert answer_state([{"relevance": 0.0}] * 3 + [{"relevance": 0.0, "second_opinion": 0.9}]) == "not_found"
+
+
+def test_the_fast_model_is_asked_only_in_the_default_configuration_about_a_note_its_channel_ranks_high(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default model trusts the fast channel least; the fast model, fitted where it is the only dense channel,
+    reads the same evidence. Its say: a lead the fast channel ranks among its first DENSE_TOP is unsure at FAST_LEAD;
+    a note both dense channels rank that high is related at RELATED, never strong on this opinion alone."""
+    models = {"bm25+e5+use": {"bias": -5.0}, "bm25+use": {"bias": 0.0, "use": 1.0}, "bm25+e5": {"bias": -5.0}}
+    monkeypatch.setattr(relevance, "_models", lambda: models)
+    default = probability("bm25+e5+use", {})
+    both = {"use": 3.0, "use_rank": 0.0, "e5_rank": DENSE_TOP - 1.0}  # the fast model says 0.95
+    own, second = rated("bm25+e5+use", both)
+    assert second == pytest.approx(probability("bm25+use", both)) and second > STRONG
+    assert own == pytest.approx(STRONG - 0.01) and strength(own) == "related"
+    fast_only = {**both, "e5_rank": float(DENSE_TOP)}  # e5 does not rank it high: a lead, not related
+    assert rated("bm25+e5+use", fast_only) == (pytest.approx(default), pytest.approx(second))
+    weak = {**both, "use": -2.0}  # the fast model says 0.12: related needs RELATED
+    assert rated("bm25+e5+use", weak)[0] == pytest.approx(max(default, probability("bm25+use", weak)))
+    assert second_opinion("bm25+e5+use", {**both, "use_rank": float(DENSE_TOP)}) == 0.0  # the fast channel's 4th
+    for key in ("bm25+use", "bm25+e5", "use", "e5", "bm25"):  # fast, e5-only, vector and keyword configurations
+        assert second_opinion(key, both) == 0.0
+    assert rate([("bm25+e5+use", fast_only), ("bm25+e5+use", both)]) == (
+        pytest.approx(default), pytest.approx(second))  # over variants as relevance is (combined)
 
 
 def test_a_topical_match_alone_is_related_never_strong() -> None:
