@@ -105,7 +105,9 @@ def test_remote_model_syncs_and_searches_through_the_cli(server, tmp_path):
     assert report["sources"][0]["added"] == 20 and report["chunks_written"] > 20
     assert set(server.auth_headers()) == {f"Bearer {KEY}"}
     sizes = server.input_sizes()
-    assert sum(sizes) == report["chunks_written"] and max(sizes) == 16  # batched, 16 texts a request by default
+    # batched, at most 16 texts a request by default; how many a request carries also depends on the fill's batches,
+    # sized by the measured rate (a loaded machine gave 4, 14, 15): exactly 16 is the next test's, on one batch
+    assert sum(sizes) == report["chunks_written"] and max(sizes) <= 16 and len(sizes) < len(titles)
 
     note_id, title = list(titles.items())[7]
     found = run_brain(home, "search", title, "--mode", "vector", "--json", "-k", "3", env=env)
