@@ -155,15 +155,16 @@ class TopicIndex:
         sims = (self.vectors @ queries.T).max(axis=1)
         if self.row_vector is not None:
             sims = sims[self.row_vector]
-        note_names, starts = self._groups
+        note_names, starts, place = self._groups
         per_note = np.maximum.reduceat(sims, starts)
         if allowed is not None:
             per_note = np.where(np.fromiter((n in allowed for n in note_names), dtype=bool, count=len(note_names)),
                                 per_note, -np.inf)
-        order = np.argsort(-per_note, kind="stable")
-        if top is not None:
-            wanted = set(include)
-            order = [i for n, i in enumerate(order) if n < top or note_names[i] in wanted]
+        if top is None or top >= len(per_note):
+            order = np.argsort(-per_note, kind="stable")
+        else:  # the `top` best and the notes asked for, best first: no pass over every note in Python
+            picked = {*np.argpartition(-per_note, top)[:top].tolist(), *(place[n] for n in include if n in place)}
+            order = sorted(picked, key=lambda i: (-per_note[i], i))
         ends = np.append(starts[1:], len(sims))
         out: dict[str, tuple[float, str]] = {}
         for i in order:
@@ -174,9 +175,11 @@ class TopicIndex:
         return out
 
     @functools.cached_property
-    def _groups(self) -> tuple[list[str], Any]:
-        """The notes in row order and where each note's rows start (rows are grouped by note: `_of`)."""
+    def _groups(self) -> tuple[list[str], Any, dict[str, int]]:
+        """The notes in row order, where each note's rows start (rows are grouped by note: `_of`), and each note's
+        place in that order."""
         import numpy as np
 
         starts = [i for i, note in enumerate(self.notes) if i == 0 or note != self.notes[i - 1]]
-        return [self.notes[i] for i in starts], np.asarray(starts, dtype=np.int64)
+        names = [self.notes[i] for i in starts]
+        return names, np.asarray(starts, dtype=np.int64), {note: i for i, note in enumerate(names)}
