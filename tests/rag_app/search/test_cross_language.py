@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from rag_app.search.cross_language import english_gloss
@@ -92,3 +94,16 @@ def test_an_agents_variants_replace_the_gloss(home, make_vault) -> None:
     asked = brain.search("看到别人倒霉就暗自高兴的心理", k=5, variants=["schadenfreude", "joy at others' misfortune"],
                          expand=False)
     assert asked.coverage["translation"] is None and len(asked.coverage["queries"]) == 3
+
+
+def test_the_cli_says_what_the_question_was_also_searched_as(home, make_vault) -> None:
+    from tests.rag_app.shells.test_cli import brain
+
+    vault = make_vault(english_vault())
+    assert brain(home, "sync", "--vault", str(vault)).returncode == 0
+    searched = brain(home, "search", "看到别人倒霉就暗自高兴的心理", "-k", "3")
+    assert searched.returncode == 0, searched.stderr
+    assert '(also searched in English, word by word: "see other people have bad luck' in searched.stdout
+    assert "Schadenfreude" in searched.stdout.split("also searched")[1]
+    found = json.loads(brain(home, "search", "看到别人倒霉就暗自高兴的心理", "--json").stdout)
+    assert found["coverage"]["translation"].startswith("see other people") and found["answer_state"] == "found"
