@@ -13,6 +13,7 @@ import contextlib
 import gzip
 import marshal
 import re
+from collections.abc import Callable
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -29,8 +30,10 @@ from rag_app.index.keyword import (
 from rag_app.index.user_cache import cache_dir
 
 CEDICT_FILE = "cedict_1_0_ts_utf-8_mdbg.txt.gz"
-PARSE_VERSION = 2  # bumped when _sense changes: the cached copy is of the parsed senses
+PARSE_VERSION = 4  # bumped when _sense changes: the cached copy is of the parsed senses
 MIN_COVERED = 0.5  # share of a question's Han characters in dictionary words of two or more characters
+SENSES = 3  # the first senses a word may be glossed with: the one the home's words know best (笔记: "notes")
+SEPARATOR = "\t"
 MAX_SENSE_WORDS = 4  # a sense longer than this is an explanation, not a translation
 LONGEST = 6  # the longest dictionary word tried (longer headwords are idioms and names)
 # Characters that shape a Chinese sentence rather than name its subject (beside the BM25 stop and question words)
@@ -71,7 +74,8 @@ def _parse(path: Path) -> dict[str, str]:
             traditional, simplified, defs = entry.groups()
             if simplified in senses and traditional in senses:
                 continue
-            sense = next((s for s in (_sense(d, len(simplified) == 1) for d in defs.split("/")) if s), None)
+            found = [s for s in (_sense(d, len(simplified) == 1) for d in defs.split("/")) if s]
+            sense = SEPARATOR.join(dict.fromkeys(found[:SENSES])) if found else None
             if sense:
                 senses.setdefault(simplified, sense)
                 senses.setdefault(traditional, sense)
@@ -131,12 +135,18 @@ def content_words(question: str) -> list[str] | None:
                               and not is_question_word(w)))
 
 
-def english_gloss(question: str) -> str | None:
+def english_gloss(question: str, known: Callable[[str], float] | None = None) -> str | None:
     """The question's content words in English, in order, with its Latin words as written; None when it has no
-    Chinese content word the dictionary knows (content_words)."""
+    Chinese content word the dictionary knows (content_words). Of a word's first SENSES senses, the one whose words
+    the home knows best (`known`: the share of a text's words in the home; the first on a tie): 笔记 is "notes" in a
+    vault that says notes, not "take down"."""
     words = content_words(question)
     if not words:
         return None
     senses = dictionary()
     latin = [w for w in query_words(question) if not HAN_RUN.search(w)]
-    return " ".join([*dict.fromkeys(senses[w] for w in words), *latin])
+    return " ".join([*dict.fromkeys(_pick(senses[w].split(SEPARATOR), known) for w in words), *latin])
+
+
+def _pick(choices: list[str], known: Callable[[str], float] | None) -> str:
+    return choices[0] if known is None or len(choices) == 1 else max(choices, key=known)

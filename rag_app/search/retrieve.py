@@ -753,7 +753,7 @@ class NoteFusionRetriever(QueryFusionRetriever):
         if not words or sum(any(keyword.idf(t) is not None for t in tokenize(w)) for w in words) > (
                 TRANSLATE_KNOWN * len(words)):
             return None
-        return english_gloss(text)
+        return english_gloss(text, known=lambda sense: _known_share(keyword, sense))
 
     def fuse(self, text: str, channels: list[tuple[str, BaseRetriever]],
              config: RetrievalConfig, extra: list[str] | None = None) -> list[NodeWithScore]:
@@ -844,6 +844,12 @@ QUERY_GEN_PROMPT = (
     "Question: {query}\nQueries:\n"
 )
 LLM_METADATA = ("title", "path", "url", "tags", "created", "updated")  # what an LLM sees of a note besides its text
+
+
+def _known_share(keyword: KeywordIndex, text: str) -> float:
+    """The share of a text's tokens (stop words aside) that some chunk of the home holds."""
+    tokens = tokenize(text)
+    return sum(keyword.idf(t) is not None for t in tokens) / len(tokens) if tokens else 0.0
 
 
 def _topic_results(index: SearchIndex, note_ids: list[str], best: dict[str, tuple[float, str]],

@@ -107,3 +107,11 @@ def test_the_cli_says_what_the_question_was_also_searched_as(home, make_vault) -
     assert "Schadenfreude" in searched.stdout.split("also searched")[1]
     found = json.loads(brain(home, "search", "看到别人倒霉就暗自高兴的心理", "--json").stdout)
     assert found["coverage"]["translation"].startswith("see other people") and found["answer_state"] == "found"
+
+
+def test_of_a_words_senses_the_one_the_home_knows_best_is_used() -> None:
+    """笔记 is first "take down (in writing)", then "notes": a vault that says notes, not "take down", gets notes."""
+    assert english_gloss("笔记库") == "take down warehouse"
+    vocabulary = {"notes", "warehouse"}
+    known = lambda text: sum(w in vocabulary for w in text.split()) / len(text.split())  # noqa: E731
+    assert english_gloss("笔记库", known=known) == "notes warehouse"
