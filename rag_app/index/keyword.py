@@ -18,7 +18,7 @@ import time
 import unicodedata
 import zlib
 from collections.abc import Iterable
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -99,6 +99,7 @@ def _jieba(han_chars: int) -> Any:
         return jieba or _jieba_full()
 
 
+
 @lru_cache(maxsize=1)
 def _jieba_lazy() -> Any:
     import jieba
@@ -135,11 +136,11 @@ def _jieba_full() -> Any:
             fresh = jieba.Tokenizer()
             loaded = fresh.gen_pfdict(fresh.get_dict_file())
             if cache is not None:
-                _write_cache(cache, lambda path: path.write_bytes(marshal.dumps(loaded)))
+                write_cache(cache, lambda path: path.write_bytes(marshal.dumps(loaded)))
         jieba.dt.FREQ, jieba.dt.total, jieba.dt.initialized = loaded[0], loaded[1], True
         lazy = _cache_path(jieba, ".sqlite")
         if lazy is not None and not lazy.is_file():
-            _write_cache(lazy, lambda path: _write_frequencies(path, loaded[0], loaded[1]))
+            write_cache(lazy, lambda path: _write_frequencies(path, loaded[0], loaded[1]))
         return jieba
 
 
@@ -153,19 +154,19 @@ def _write_frequencies(path: Path, frequencies: dict[str, int], total: int) -> N
         db.close()
 
 
-def _write_cache(path: Path, write: Any) -> None:
+def write_cache(path: Path, write: Any, family: str = "jieba-") -> None:
     """Write a cache file atomically (a partial file never has the final name) and drop the caches of other
-    dictionaries beside it (a jieba upgrade would otherwise leave ~18 MB behind each time) and partial files over an
-    hour old; a read-only cache only costs speed."""
+    dictionaries of its `family` beside it (a jieba upgrade would otherwise leave ~18 MB behind each time) and partial
+    files over an hour old; a read-only cache only costs speed."""
     partial = path.with_suffix(f".{os.getpid()}.tmp")
     try:
         partial.unlink(missing_ok=True)
         write(partial)
         os.replace(partial, path)
-        for stale in path.parent.glob(f"jieba-*{path.suffix}"):
+        for stale in path.parent.glob(f"{family}*{path.suffix}"):
             if stale != path:
                 stale.unlink(missing_ok=True)
-        for orphan in path.parent.glob("jieba-*.tmp"):  # left by a process killed mid-write
+        for orphan in path.parent.glob(f"{family}*.tmp"):  # left by a process killed mid-write
             if time.time() - orphan.stat().st_mtime > 3600:
                 orphan.unlink(missing_ok=True)
     except (OSError, sqlite3.Error):
@@ -174,7 +175,7 @@ def _write_cache(path: Path, write: Any) -> None:
 
 
 @lru_cache(maxsize=1)
-def _dictionary_key(dictionary: Path) -> str:
+def dictionary_key(dictionary: Path) -> str:
     """The dictionary's size and CRC: the same words share one cache whichever install (or reinstall) they come from."""
     data = dictionary.read_bytes()
     return f"{len(data)}-{zlib.crc32(data):08x}"
@@ -187,7 +188,7 @@ def _cache_path(jieba: Any, suffix: str) -> Path | None:
     if folder is None:
         return None
     try:
-        key = _dictionary_key(Path(jieba.__file__).parent / jieba.DEFAULT_DICT_NAME)
+        key = dictionary_key(Path(jieba.__file__).parent / jieba.DEFAULT_DICT_NAME)
     except (OSError, KeyError, AttributeError, TypeError):
         return None
     return folder / f"jieba-{jieba.__version__}-{key}{suffix}"
@@ -296,6 +297,21 @@ class KeywordIndex:
             indptr = np.asarray(self.bm25.scores["indptr"])
             self._df = indptr[1:] - indptr[:-1]
         return int(self._df[column])
+
+    @cached_property
+    def han_share(self) -> float:
+        """The share of the home's words (each chunk's distinct tokens) written in Han characters: ~0 for a vault in
+        English, most of a vault in Chinese."""
+        import numpy as np
+
+        if not self.ids or not self.bm25.vocab_dict:
+            return 0.0
+        indptr = np.asarray(self.bm25.scores["indptr"])
+        df = indptr[1:] - indptr[:-1]
+        columns = np.fromiter((c for t, c in self.bm25.vocab_dict.items() if c < len(df) and HAN.search(t)),
+                              dtype=np.int64)
+        total = float(df.sum())
+        return float(df[columns].sum()) / total if total and len(columns) else 0.0
 
     def idf(self, token: str) -> float | None:
         """Inverse document frequency of a token, or None when no chunk has it."""

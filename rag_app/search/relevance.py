@@ -38,6 +38,11 @@ LEAD = 0.02  # ... or a lead's own relevance reaches this
 FAST_LEAD = 0.08  # a top-3 lead the fast channel ranks among its first DENSE_TOP, rated this by the fast model: unsure
 DENSE_TOP = 3  # ... and a note both dense channels rank among their first this many, rated RELATED or more by the
 # fast model, is "related" (at most: never "strong" on the second opinion alone)
+# A Chinese question's English gloss (rag_app.search.cross_language), for a note the question's own reading also
+# ranks high: the fast model rating the gloss's run this high makes the note a lead (`unsure`). Chosen on semantic_dev's
+# default rows against rgb_zh's and the same-domain questions (docs/retrieval.md, "A Chinese question about English
+# notes").
+TRANSLATION_LEAD = 0.15
 RANK_ABSENT = 99  # a note's place in a channel's list that does not hold it (`e5_rank`, `use_rank` evidence)
 STATES = ("found", "unsure", "not_found")
 AGREE = "agree"
@@ -99,10 +104,29 @@ def rated(key: str, features: Mapping[str, float]) -> tuple[float, float]:
     return own, second
 
 
-def rate(runs: list[tuple[str, Mapping[str, float]]]) -> tuple[float, float]:
-    """A note's relevance and second opinion over the question's run and its variants' (`rated`, then `combined`)."""
+def rate(runs: list[tuple[str, Mapping[str, float]]],
+         translated: int | None = None) -> tuple[float, float, float]:
+    """A note's relevance, second opinion and translation opinion over the question's run and its variants'
+    (`rated`, then `combined`). `translated`: the run of the question's word-by-word translation
+    (rag_app.search.cross_language), which `translation` judges, not one more variant (0 without one)."""
     pairs = [rated(key, features) for key, features in runs]
-    return combined([own for own, _ in pairs]), combined([second for _, second in pairs])
+    opinion = 0.0
+    if translated is not None and 0 < translated < len(pairs):
+        own, second = pairs.pop(translated)
+        gained, opinion = translation(runs[0][1], own, second)
+        pairs[0] = (max(pairs[0][0], gained), pairs[0][1])
+    return combined([own for own, _ in pairs]), combined([second for _, second in pairs]), opinion
+
+
+def translation(question: Mapping[str, float], own: float, second: float) -> tuple[float, float]:
+    """What a note's rating under the question's word-by-word translation says: (relevance, translation opinion).
+    A gloss is a bag of dictionary senses (安倍晋三 → "Abe the Jin Dynasties three") that matches some English note
+    for most news questions, so it counts only where the question's own reading agrees (a dense channel ranks the
+    note among its first DENSE_TOP for the question as written): from RELATED up as relevance, never "strong" alone;
+    and the fast model's rating of it (its second opinion of that run) as a lead from TRANSLATION_LEAD."""
+    if min(question.get("use_rank", RANK_ABSENT), question.get("e5_rank", RANK_ABSENT)) >= DENSE_TOP:
+        return 0.0, 0.0
+    return (min(own, STRONG - 0.01) if own >= RELATED else 0.0), second
 
 
 def combined(runs: list[float]) -> float:
@@ -138,14 +162,15 @@ def topical(similarity: float) -> float:
 
 def answer_state(results: list[Mapping[str, Any]]) -> str:
     """found: a result is strong or related. unsure: none is, but one of the first three leads is close to the
-    question (its relevance reaches LEAD, its `second_opinion` FAST_LEAD, or its topic stands out at TOPIC_UNSURE or
-    closer): the notes may cover it, said as uncertainty.
+    question (its relevance reaches LEAD, its `second_opinion` FAST_LEAD, its `translation_opinion` TRANSLATION_LEAD,
+    or its topic stands out at TOPIC_UNSURE or closer): the notes may cover it, said as uncertainty.
     not_found: nothing in the notes is close (nonsense, another language's or domain's subject, an absent topic)."""
     if any(r.get("relevance", 0.0) >= RELATED for r in results):
         return "found"
     for result in results[:3]:
         topic = result.get("topic") or {}
         if (result.get("relevance", 0.0) >= LEAD or result.get("second_opinion", 0.0) >= FAST_LEAD
+                or result.get("translation_opinion", 0.0) >= TRANSLATION_LEAD
                 or (topic.get("stands_out") and topic["similarity"] >= TOPIC_UNSURE)):
             return "unsure"
     return "not_found"

@@ -34,6 +34,7 @@ from rag_app.index.manifest import Manifest
 from rag_app.index.store import StoreUnreachable, unreachable
 from rag_app.index.topics import TOPIC_MODEL, TopicIndex
 from rag_app.search import relevance
+from rag_app.search.cross_language import content_words, english_gloss
 from rag_app.search.query import (
     RetrievalConfig,
     SearchError,
@@ -68,6 +69,10 @@ class _Timing:
 
 
 NODE_CACHE_MAX = 5_000  # nodes kept between searches (~3.5 KB each)
+# A Chinese question is also searched as its English gloss (rag_app.search.cross_language) in a home of English notes
+# (under TRANSLATE_HAN of its words Chinese) that knows at most TRANSLATE_KNOWN of the question's Chinese content words
+TRANSLATE_HAN = 0.2
+TRANSLATE_KNOWN = 0.5
 QUERY_VECTOR_CACHE = 512  # query embeddings kept (an agent's variants, a repeated question), oldest dropped first
 
 
@@ -580,6 +585,7 @@ class NoteFusionRetriever(QueryFusionRetriever):
         self._search_lock = lock or threading.RLock()
         self.last: SearchResponse | None = None  # the last search's full response (coverage, timing)
         self.has_llm = llm is not None
+        self.translation: str | None = None  # the last search's question in the notes' language (`_translation`)
         # the channels are chosen per search (mode, filters, which models are complete), hence none here, and no
         # retriever_weights: the parent would only normalise them, and its relative-score fusion is not used
         super().__init__([], llm=llm or MockLLM(), query_gen_prompt=QUERY_GEN_PROMPT,
@@ -640,15 +646,17 @@ class NoteFusionRetriever(QueryFusionRetriever):
         models = index.settings.models
         if mode in ("hybrid", "vector2") and len(models) > 1 and self._has_collection(index, models[1]):
             channels.append(("vector2", VectorRetriever(index, config.candidates, allowed, models[1])))
-        fused = self.fuse(text, channels, config)
+        self.translation = self._translation(text, mode, channels)
+        fused = self.fuse(text, channels, config, [self.translation] if self.translation else [])
         down = [r.down for _, r in channels if isinstance(r, VectorRetriever) and r.down] + self._down
         k = self.similarity_top_k
         results = collapse(index, fused, k, config.chunks_per_note, text)
         rated = time.perf_counter()
         pool = len(allowed) if allowed is not None else len(index.keyword().ids)
         evidence = note_evidence(index, self, [r["note_id"] for r in results], pool)
+        translated = self.queries_run.index(self.translation) if self.translation in self.queries_run else None
         for result in results:
-            rate(result, evidence[result["note_id"]])
+            rate(result, evidence[result["note_id"]], translated)
         topics_used = False
         if mode == "hybrid" and (not results or results[0]["relevance"] < relevance.STRONG):
             # words did not settle it: what the notes are about may (a topical question); skipped otherwise, so a
@@ -669,6 +677,7 @@ class NoteFusionRetriever(QueryFusionRetriever):
                                 "skipped": self.channel_skipped[name]} for name, _ in channels},
             "queries": self.queries_run or [text],
             "expanded": len(self.queries_run) > 1,
+            "translation": self.translation,
             "filters": filters.to_dict(),
             "time_phrase": time_range.to_dict() if time_range else None,
             "time_phrase_ignored": ignored_phrase,
@@ -731,15 +740,32 @@ class NoteFusionRetriever(QueryFusionRetriever):
                 result["relevance"] = max(result["relevance"], relevance.topical(similarity))
         return True
 
+    def _translation(self, text: str, mode: str, channels: list[tuple[str, BaseRetriever]]) -> str | None:
+        """The question in the notes' language (rag_app.search.cross_language) when the caller gave no variants, the
+        home is written in English (under TRANSLATE_HAN of its words are Chinese) and knows at most TRANSLATE_KNOWN
+        of the question's Chinese content words: a Chinese question about English notes."""
+        if self.variants or mode != "hybrid" or not channels or channels[0][0] != "bm25":
+            return None
+        keyword = self._index_of().keyword()
+        if keyword.han_share >= TRANSLATE_HAN:
+            return None
+        words = content_words(text)
+        if not words or sum(any(keyword.idf(t) is not None for t in tokenize(w)) for w in words) > (
+                TRANSLATE_KNOWN * len(words)):
+            return None
+        return english_gloss(text, known=lambda sense: _known_share(keyword, sense))
+
     def fuse(self, text: str, channels: list[tuple[str, BaseRetriever]],
-             config: RetrievalConfig) -> list[NodeWithScore]:
+             config: RetrievalConfig, extra: list[str] | None = None) -> list[NodeWithScore]:
         """Chunks fused over the channels, best first (up to `config.candidates`): QueryFusionRetriever's retrieval
-        (the question, then its variants; each through every channel; fused), with this class's hooks."""
+        (the question, then its variants, then `extra` queries; each through every channel; fused), with this
+        class's hooks."""
         with self._search_lock:
             self._start([r for _, r in channels], [n for n, _ in channels], config)
             queries = [QueryBundle(text)]
             if self.num_queries > 1:
                 queries.extend(self._get_queries(text))
+            queries.extend(QueryBundle(q) for q in extra or [] if q not in {b.query_str for b in queries})
             return self._reciprocal_rerank_fusion(self._run_sync_queries(queries))[: config.candidates]
 
     def _run_sync_queries(self, queries: list[QueryBundle]) -> dict[tuple[str, int], list[NodeWithScore]]:
@@ -820,6 +846,12 @@ QUERY_GEN_PROMPT = (
 LLM_METADATA = ("title", "path", "url", "tags", "created", "updated")  # what an LLM sees of a note besides its text
 
 
+def _known_share(keyword: KeywordIndex, text: str) -> float:
+    """The share of a text's tokens (stop words aside) that some chunk of the home holds."""
+    tokens = tokenize(text)
+    return sum(keyword.idf(t) is not None for t in tokens) / len(tokens) if tokens else 0.0
+
+
 def _topic_results(index: SearchIndex, note_ids: list[str], best: dict[str, tuple[float, str]],
                    query: str) -> list[dict[str, Any]]:
     """Results for notes found by their topics alone: the passage under the matched heading, else the first one."""
@@ -838,13 +870,16 @@ def _topic_results(index: SearchIndex, note_ids: list[str], best: dict[str, tupl
     return out
 
 
-def rate(result: dict[str, Any], runs: list[tuple[str, dict[str, float]]]) -> None:
+def rate(result: dict[str, Any], runs: list[tuple[str, dict[str, float]]], translated: int | None = None) -> None:
     """A result's `relevance` from its evidence, and in the default configuration the fast model's `second_opinion`
-    when the fast channel ranks the note among its first (relevance.second_opinion; absent when 0)."""
-    own, second = relevance.rate(runs)
+    when the fast channel ranks the note among its first (relevance.second_opinion; absent when 0). `translated`:
+    the run that is the question's translation, whose say is `translation_opinion` (relevance.translation)."""
+    own, second, opinion = relevance.rate(runs, translated)
     result["relevance"] = round(own, 4)
     if second > 0:
         result["second_opinion"] = round(second, 4)
+    if opinion > 0:
+        result["translation_opinion"] = round(opinion, 4)
 
 
 def note_node(result: dict[str, Any]) -> NodeWithScore:

@@ -381,8 +381,12 @@ def _without_leads(text: str) -> str:
 
 def _time_filter_line(coverage: dict[str, Any]) -> str | None:
     """The date range a time phrase in the query became ("上个月的读书笔记"), which filters what is found, or why a
-    time phrase filtered nothing (no note is dated in its range: it was searched as words)."""
+    time phrase filtered nothing (no note is dated in its range: it was searched as words); and the English gloss a
+    Chinese question was also searched as in a home of English notes (rag_app.search.cross_language)."""
     phrase, ignored = coverage.get("time_phrase"), coverage.get("time_phrase_ignored")
+    if coverage.get("translation"):
+        gloss = f"(also searched in English, word by word: \"{_plain(coverage['translation'])}\")"
+        return "\n".join(filter(None, [gloss, _time_filter_line({**coverage, "translation": None})]))
     if ignored:
         return f"(\"{_plain(ignored)}\" filtered nothing: no note is dated in that range, so it was searched as words)"
     if not phrase:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rag_app.index.keyword import KeywordIndex, _dictionary_key, query_words, tokenize
+from rag_app.index.keyword import KeywordIndex, dictionary_key, query_words, tokenize
 from tests.conftest import REPO, write_files
 
 
@@ -100,7 +100,7 @@ def test_the_cache_key_is_the_dictionarys_content_not_its_install_time(tmp_path:
     one, two, other = (write_files(tmp_path / name, {"dict.txt": text}) / "dict.txt"
                        for name, text in (("a", "电影 5 n\n"), ("b", "电影 5 n\n"), ("c", "电影 6 n\n")))
     os.utime(two, (1_000_000, 1_000_000))
-    assert _dictionary_key(one) == _dictionary_key(two) != _dictionary_key(other)
+    assert dictionary_key(one) == dictionary_key(two) != dictionary_key(other)
 
 
 def test_no_usable_cache_directory_still_tokenizes(tmp_path: Path) -> None:

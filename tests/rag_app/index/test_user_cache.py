@@ -71,7 +71,7 @@ def tokenizer_cache_name() -> str:
 def jieba_cache_name(suffix: str) -> str:
     import jieba
 
-    key = keyword._dictionary_key(Path(jieba.__file__).parent / jieba.DEFAULT_DICT_NAME)
+    key = keyword.dictionary_key(Path(jieba.__file__).parent / jieba.DEFAULT_DICT_NAME)
     return f"jieba-{jieba.__version__}-{key}{suffix}"
 
 

@@ -19,6 +19,7 @@ from rag_app.search.relevance import (
     TOPIC_FULL,
     TOPIC_RELATED,
     TOPIC_UNSURE,
+    TRANSLATION_LEAD,
     answer_state,
     channel_key,
     combined,
@@ -29,6 +30,7 @@ from rag_app.search.relevance import (
     second_opinion,
     strength,
     topical,
+    translation,
 )
 from rag_app.search.relevance_features import specifics
 
@@ -88,7 +90,32 @@ def test_the_fast_model_is_asked_only_in_the_default_configuration_about_a_note_
     for key in ("bm25+use", "bm25+e5", "use", "e5", "bm25"):  # fast, e5-only, vector and keyword configurations
         assert second_opinion(key, both) == 0.0
     assert rate([("bm25+e5+use", fast_only), ("bm25+e5+use", both)]) == (
-        pytest.approx(default), pytest.approx(second))  # over variants as relevance is (combined)
+        pytest.approx(default), pytest.approx(second), 0.0)  # over variants as relevance is (combined)
+
+
+def test_a_translation_counts_only_where_the_question_as_written_agrees_and_never_makes_a_note_strong() -> None:
+    """The question's English gloss is a bag of dictionary senses: a news question's gloss matches some English note.
+    It speaks for a note the question's own dense reading ranks among its first DENSE_TOP: as relevance from
+    RELATED up (capped under strong), and through the fast model's rating as a lead (TRANSLATION_LEAD)."""
+    agrees, apart = {"use_rank": DENSE_TOP - 1.0}, {"use_rank": float(DENSE_TOP), "e5_rank": 20.0}
+    assert translation(agrees, 0.9, 0.6) == (STRONG - 0.01, 0.6)
+    assert translation(agrees, RELATED - 0.01, 0.2) == (0.0, 0.2)  # below related the gloss's own rating says nothing
+    assert translation(apart, 0.9, 0.6) == (0.0, 0.0)
+    assert translation({"e5_rank": 0.0}, 0.2, 0.0) == (0.2, 0.0)  # either dense channel may agree
+    lead = [{"relevance": 0.0, "translation_opinion": TRANSLATION_LEAD}]
+    assert answer_state(lead) == "unsure"
+    assert answer_state([{"relevance": 0.0, "translation_opinion": TRANSLATION_LEAD - 0.01}]) == "not_found"
+
+
+def test_a_translated_run_is_the_questions_own_not_one_more_variant(monkeypatch: pytest.MonkeyPatch) -> None:
+    models = {"bm25+use": {"bias": 0.0, "use": 1.0}}
+    monkeypatch.setattr(relevance, "_models", lambda: models)
+    question = {"use": -5.0, "use_rank": 0.0}
+    gloss = {"use": 3.0, "use_rank": 0.0}
+    own, _, _ = rate([("bm25+use", question), ("bm25+use", gloss)])
+    assert own == pytest.approx(probability("bm25+use", question))  # as a variant, one run alone does not count
+    translated, _, _ = rate([("bm25+use", question), ("bm25+use", gloss)], translated=1)
+    assert translated == pytest.approx(min(probability("bm25+use", gloss), STRONG - 0.01))
 
 
 def test_a_topical_match_alone_is_related_never_strong() -> None:

