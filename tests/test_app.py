@@ -373,6 +373,9 @@ def test_sources_show_the_cited_and_strong_ones_and_keep_the_rest_behind_more() 
     assert answer.startswith(f"{STRONG}\n\nFrom the third [\\[3\\]]({app.note_ref('vault:v/3.md', 4, 3)}) and "
                              f"[\\[1\\]]({app.note_ref('vault:v/1.md', 4, 1)})")
     assert "\\[9\\]" in answer and "_Searched for: q about T_" in answer
+    glossed = app.turn_markdown(turn | {"coverage": {"translation": "see other people have bad luck"}}, 4, (),
+                                obsidian=False)
+    assert "_Also searched in English, word by word: see other people have bad luck_" in glossed
     first, more = sources.split("<details><summary>2 more</summary>")
     assert re.findall(r"^(\d)\. ", first, re.M) == ["1", "3"] and re.findall(r"^(\d)\. ", more, re.M) == ["2", "4"]
     assert "   e1" in first, "an LLM answer's sources show their excerpts"

@@ -509,8 +509,8 @@ def answer_strength(turn: dict[str, Any]) -> str | None:
 
 def turn_markdown(turn: dict[str, Any], index: int, allowed: Iterable[str], obsidian: bool) -> str:
     """One answer as the chat shows it: its relevance state, the sanitised answer with its `[n]` linked (an
-    extractive answer says itself why the LLM did not write it), the query a follow-up was condensed to, then the
-    sources."""
+    extractive answer says itself why the LLM did not write it), the query a follow-up was condensed to and the
+    English a Chinese question was also searched as, then the sources."""
     coverage = turn.get("coverage") or {}
     citations = turn.get("citations") or []
     state = answer_strength(turn)
@@ -519,6 +519,9 @@ def turn_markdown(turn: dict[str, Any], index: int, allowed: Iterable[str], obsi
     condensed = str(coverage.get("condensed_query") or "").strip()
     if condensed and condensed != str(turn.get("question") or "").strip():
         parts.append(f"_Searched for: {escape_markdown(condensed)}_")
+    translation = str(coverage.get("translation") or "").strip()
+    if translation:  # a Chinese question about English notes (rag_app.search.cross_language)
+        parts.append(f"_Also searched in English, word by word: {escape_markdown(translation)}_")
     if citations:
         cited = coverage.get("cited") if turn.get("mode") == "llm" else None
         if cited is None:

@@ -220,3 +220,18 @@ def test_search_notes_takes_at_most_max_queries_texts_query_included(sample_home
     refused = tools.call("search_notes", {"query": "观影", "queries": texts})
     assert refused.is_error
     assert json.loads(refused.text)["error"].startswith(f"queries must be a list of at most {MAX_QUERIES - 1} strings")
+
+
+def test_an_agent_sees_what_a_chinese_question_was_also_searched_as(home: Path, make_vault):
+    """Without `queries`, a Chinese question about English notes is glossed: the agent is told so (and may send its
+    own English variants instead, which replace the gloss)."""
+    from tests.rag_app.search.test_cross_language import english_vault
+
+    brain = Brain(home)
+    assert not brain.sync(vaults=(str(make_vault(english_vault())),)).failed
+    tools = {tool.metadata.name: tool for tool in brain_tools(brain)}
+    bare = call(tools["search_notes"], query="看到别人倒霉就暗自高兴的心理")
+    assert bare["coverage"]["translation"].startswith("see other people have bad luck")
+    assert bare["results"][0]["title"] == "Schadenfreude"
+    helped = call(tools["search_notes"], query="看到别人倒霉就暗自高兴的心理", queries=["schadenfreude"])
+    assert "translation" not in helped["coverage"] and helped["results"][0]["title"] == "Schadenfreude"
