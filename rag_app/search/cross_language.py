@@ -28,6 +28,7 @@ from rag_app.index.keyword import (
     write_cache,
 )
 from rag_app.index.user_cache import cache_dir
+from rag_app.search.query import MAX_QUERY_CHARS
 
 CEDICT_FILE = "cedict_1_0_ts_utf-8_mdbg.txt.gz"
 PARSE_VERSION = 4  # bumped when _sense changes: the cached copy is of the parsed senses
@@ -136,8 +137,9 @@ def content_words(question: str) -> list[str] | None:
 
 
 def english_gloss(question: str, known: Callable[[str], float] | None = None) -> str | None:
-    """The question's content words in English, in order, with its Latin words as written; None when it has no
-    Chinese content word the dictionary knows (content_words). Of a word's first SENSES senses, the one whose words
+    """The question's content words in English, in order, with its Latin words as written, at most MAX_QUERY_CHARS
+    (a pasted page glosses to twice its length); None when it has no Chinese content word the dictionary knows
+    (content_words). Of a word's first SENSES senses, the one whose words
     the home knows best (`known`: the share of a text's words in the home; the first on a tie): 笔记 is "notes" in a
     vault that says notes, not "take down"."""
     words = content_words(question)
@@ -145,7 +147,8 @@ def english_gloss(question: str, known: Callable[[str], float] | None = None) ->
         return None
     senses = dictionary()
     latin = [w for w in query_words(question) if not HAN_RUN.search(w)]
-    return " ".join([*dict.fromkeys(_pick(senses[w].split(SEPARATOR), known) for w in words), *latin])
+    gloss = " ".join([*dict.fromkeys(_pick(senses[w].split(SEPARATOR), known) for w in words), *latin])
+    return gloss[:MAX_QUERY_CHARS].rsplit(" ", 1)[0] if len(gloss) > MAX_QUERY_CHARS else gloss
 
 
 def _pick(choices: list[str], known: Callable[[str], float] | None) -> str:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rag_app.search.cross_language import english_gloss
+from rag_app.search.cross_language import dictionary, english_gloss
 
 # One English note a subject, enough chunks (≥ MIN_POOL) for a match by meaning to stand out of the rest.
 ENGLISH_NOTES = {
@@ -115,3 +115,15 @@ def test_of_a_words_senses_the_one_the_home_knows_best_is_used() -> None:
     vocabulary = {"notes", "warehouse"}
     known = lambda text: sum(w in vocabulary for w in text.split()) / len(text.split())  # noqa: E731
     assert english_gloss("笔记库", known=known) == "notes warehouse"
+
+
+def test_a_pasted_page_is_glossed_within_the_querys_own_limit() -> None:
+    from rag_app.search.query import MAX_QUERY_CHARS
+
+    page = "考古学家根据放射性同位素的衰变判断骨头的年代，" * 80
+    gloss = english_gloss(page[:MAX_QUERY_CHARS])
+    assert gloss is not None and len(gloss) <= MAX_QUERY_CHARS and "archaeologist" in gloss
+    words = [w for w in dictionary() if len(w) == 2 and "\u4e00" <= w[0] <= "\u9fff" and "\u4e00" <= w[1] <= "\u9fff"]
+    many = "，".join(words[::50])[:MAX_QUERY_CHARS]  # a thousand distinct words: glossed, over 2,000 characters
+    gloss = english_gloss(many)
+    assert gloss is not None and MAX_QUERY_CHARS - 50 < len(gloss) <= MAX_QUERY_CHARS and not gloss.endswith(" ")
