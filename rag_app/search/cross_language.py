@@ -58,7 +58,9 @@ def dictionary() -> dict[str, str]:
             cache = folder / f"cedict-{dictionary_key(path)}-v{PARSE_VERSION}.marshal"
             if cache.is_file():
                 with contextlib.suppress(Exception):  # a damaged cache is parsed again below
-                    return marshal.loads(cache.read_bytes())
+                    loaded = marshal.loads(cache.read_bytes())
+                    if isinstance(loaded, dict):
+                        return loaded
         senses = _parse(path)
     if cache is not None:
         write_cache(cache, lambda out: out.write_bytes(marshal.dumps(senses)), family="cedict-")

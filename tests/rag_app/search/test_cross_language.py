@@ -127,3 +127,21 @@ def test_a_pasted_page_is_glossed_within_the_querys_own_limit() -> None:
     many = "，".join(words[::50])[:MAX_QUERY_CHARS]  # a thousand distinct words: glossed, over 2,000 characters
     gloss = english_gloss(many)
     assert gloss is not None and MAX_QUERY_CHARS - 50 < len(gloss) <= MAX_QUERY_CHARS and not gloss.endswith(" ")
+
+
+def test_a_damaged_dictionary_cache_is_parsed_again(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import marshal
+
+    from rag_app.search import cross_language
+
+    monkeypatch.setattr(cross_language, "cache_dir", lambda: tmp_path)
+    cross_language.dictionary.cache_clear()
+    try:
+        parsed = cross_language.dictionary()
+        (cached,) = tmp_path.glob("cedict-*.marshal")
+        for damage in (b"\x00garbage", marshal.dumps(["not", "a", "dictionary"])):
+            cached.write_bytes(damage)
+            cross_language.dictionary.cache_clear()
+            assert cross_language.dictionary() == parsed
+    finally:
+        cross_language.dictionary.cache_clear()
