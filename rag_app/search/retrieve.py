@@ -646,7 +646,7 @@ class NoteFusionRetriever(QueryFusionRetriever):
         models = index.settings.models
         if mode in ("hybrid", "vector2") and len(models) > 1 and self._has_collection(index, models[1]):
             channels.append(("vector2", VectorRetriever(index, config.candidates, allowed, models[1])))
-        self.translation = self._translation(text, mode, channels)
+        self.translation = self._translation(index, text, mode, channels)
         fused = self.fuse(text, channels, config, [self.translation] if self.translation else [])
         down = [r.down for _, r in channels if isinstance(r, VectorRetriever) and r.down] + self._down
         k = self.similarity_top_k
@@ -740,18 +740,18 @@ class NoteFusionRetriever(QueryFusionRetriever):
                 result["relevance"] = max(result["relevance"], relevance.topical(similarity))
         return True
 
-    def _translation(self, text: str, mode: str, channels: list[tuple[str, BaseRetriever]]) -> str | None:
+    def _translation(self, index: SearchIndex, text: str, mode: str,
+                     channels: list[tuple[str, BaseRetriever]]) -> str | None:
         """The question in the notes' language (rag_app.search.cross_language) when the caller gave no variants, the
         home is written in English (under TRANSLATE_HAN of its words are Chinese) and knows at most TRANSLATE_KNOWN
         of the question's Chinese content words: a Chinese question about English notes."""
         if self.variants or mode != "hybrid" or not channels or channels[0][0] != "bm25":
             return None
-        keyword = self._index_of().keyword()
+        keyword = index.keyword()
         if keyword.han_share >= TRANSLATE_HAN:
             return None
         words = content_words(text)
-        if not words or sum(any(keyword.idf(t) is not None for t in tokenize(w)) for w in words) > (
-                TRANSLATE_KNOWN * len(words)):
+        if not words or sum(_known_share(keyword, w) > 0 for w in words) > TRANSLATE_KNOWN * len(words):
             return None
         return english_gloss(text, known=lambda sense: _known_share(keyword, sense))
 
