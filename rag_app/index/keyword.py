@@ -99,7 +99,6 @@ def _jieba(han_chars: int) -> Any:
         return jieba or _jieba_full()
 
 
-
 @lru_cache(maxsize=1)
 def _jieba_lazy() -> Any:
     import jieba
@@ -289,14 +288,16 @@ class KeywordIndex:
     def df(self, token: str) -> int:
         """How many chunks contain a token."""
         column = self.bm25.vocab_dict.get(token) if self.ids else None
-        if column is None:
-            return 0
+        return 0 if column is None else int(self._dfs()[column])
+
+    def _dfs(self) -> np.ndarray:
+        """Every column's document frequency, from the posting lists (read once)."""
         if self._df is None:
             import numpy as np
 
             indptr = np.asarray(self.bm25.scores["indptr"])
             self._df = indptr[1:] - indptr[:-1]
-        return int(self._df[column])
+        return self._df
 
     @cached_property
     def han_share(self) -> float:
@@ -306,8 +307,7 @@ class KeywordIndex:
 
         if not self.ids or not self.bm25.vocab_dict:
             return 0.0
-        indptr = np.asarray(self.bm25.scores["indptr"])
-        df = indptr[1:] - indptr[:-1]
+        df = self._dfs()
         columns = np.fromiter((c for t, c in self.bm25.vocab_dict.items() if c < len(df) and HAN.search(t)),
                               dtype=np.int64)
         total = float(df.sum())

@@ -139,12 +139,14 @@ def content_words(question: str) -> list[str] | None:
                               and not is_question_word(w)))
 
 
-def english_gloss(question: str, known: Callable[[str], float] | None = None) -> str | None:
+def english_gloss(question: str, known: Callable[[str], float] | None = None,
+                  words: list[str] | None = None) -> str | None:
     """The question's content words in English, in order, with its Latin words as written, at most MAX_QUERY_CHARS
     (a pasted page glosses to twice its length); None when it has no Chinese content word the dictionary knows
     (content_words). Of a word's first SENSES senses, the one whose words the home knows best (`known`: the share of
-    a text's words in the home; the first on a tie): 笔记 is "notes" in a vault that says notes, not "take down"."""
-    words = content_words(question)
+    a text's words in the home; the first on a tie): 笔记 is "notes" in a vault that says notes, not "take down".
+    `words`: the question's content_words when the caller has them already."""
+    words = content_words(question) if words is None else words
     if not words:
         return None
     senses = dictionary()

@@ -753,7 +753,7 @@ class NoteFusionRetriever(QueryFusionRetriever):
         words = content_words(text)
         if not words or sum(_known_share(keyword, w) > 0 for w in words) > TRANSLATE_KNOWN * len(words):
             return None
-        return english_gloss(text, known=lambda sense: _known_share(keyword, sense))
+        return english_gloss(text, known=lambda sense: _known_share(keyword, sense), words=words)
 
     def fuse(self, text: str, channels: list[tuple[str, BaseRetriever]],
              config: RetrievalConfig, extra: list[str] | None = None) -> list[NodeWithScore]:

@@ -381,17 +381,21 @@ def _without_leads(text: str) -> str:
 
 def _time_filter_line(coverage: dict[str, Any]) -> str | None:
     """The date range a time phrase in the query became ("上个月的读书笔记"), which filters what is found, or why a
-    time phrase filtered nothing (no note is dated in its range: it was searched as words); and the English gloss a
-    Chinese question was also searched as in a home of English notes (rag_app.search.cross_language)."""
+    time phrase filtered nothing (no note is dated in its range: it was searched as words)."""
     phrase, ignored = coverage.get("time_phrase"), coverage.get("time_phrase_ignored")
-    if coverage.get("translation"):
-        gloss = f"(also searched in English, word by word: \"{_plain(coverage['translation'])}\")"
-        return "\n".join(filter(None, [gloss, _time_filter_line({**coverage, "translation": None})]))
     if ignored:
         return f"(\"{_plain(ignored)}\" filtered nothing: no note is dated in that range, so it was searched as words)"
     if not phrase:
         return None
     return f"(time filter from \"{_plain(phrase['phrase'])}\": {phrase['since']} – {phrase['until']})"
+
+
+def _search_lines(coverage: dict[str, Any]) -> list[str]:
+    """What shaped the search besides the words: the English gloss a Chinese question was also searched as in a home
+    of English notes (rag_app.search.cross_language), and the time filter (`_time_filter_line`)."""
+    gloss = coverage.get("translation")
+    lines = [f"(also searched in English, word by word: \"{_plain(gloss)}\")"] if gloss else []
+    return lines + list(filter(None, [_time_filter_line(coverage)]))
 
 
 def _store_down_line(coverage: dict[str, Any]) -> str | None:
@@ -403,9 +407,8 @@ def _store_down_line(coverage: dict[str, Any]) -> str | None:
 
 
 def _print_results(response: Any) -> None:
-    time_filter = _time_filter_line(response.coverage)
-    if time_filter:
-        click.echo(time_filter)
+    for line in _search_lines(response.coverage):
+        click.echo(line)
     if _store_down_line(response.coverage):
         click.echo(_store_down_line(response.coverage), err=True)
     if not response.results:
@@ -472,9 +475,8 @@ def ask_command(ctx: click.Context, question: str, k: int, session: str | None, 
     if coverage.get("llm") == "used":
         state = brain.llm_state()
         click.echo(f"(written by {_plain(state['model'])} at {_plain(state['base_url'])})")
-    time_filter = _time_filter_line(coverage)
-    if time_filter:
-        click.echo(time_filter)
+    for line in _search_lines(coverage):
+        click.echo(line)
     if response.citations:
         click.echo("")
         click.echo("Leads (not an answer):" if coverage.get("not_found") else
