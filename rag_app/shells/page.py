@@ -154,6 +154,11 @@ const brainDrawerStart = setInterval(() => {  // until the drawer has closed onc
     brainCloseDrawer();
   }
 }, 100);
+document.addEventListener("pointerdown", (event) => {  // a hand on the drawer decides: it is not closed under it
+  if (event.isTrusted && event.target instanceof Element && event.target.closest("#sidebar")) {
+    clearInterval(brainDrawerStart);
+  }
+}, true);
 document.addEventListener("click", (event) => {
   const picked = event.target instanceof Element &&
     event.target.closest('#new-session, #confirm-delete, #conversations a[href^="#brain-conv?"]');
