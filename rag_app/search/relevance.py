@@ -104,17 +104,19 @@ def rated(key: str, features: Mapping[str, float]) -> tuple[float, float]:
     return own, second
 
 
-def rate(runs: list[tuple[str, Mapping[str, float]]],
-         translated: int | None = None) -> tuple[float, float, float]:
+def rate(runs: list[tuple[str, Mapping[str, float]]], translated: int | None = None,
+         heard: bool = True) -> tuple[float, float, float]:
     """A note's relevance, second opinion and translation opinion over the question's run and its variants'
     (`rated`, then `combined`). `translated`: the run of the question's word-by-word translation
-    (rag_app.search.cross_language), which `translation` judges, not one more variant (0 without one)."""
+    (rag_app.search.cross_language), which `translation` judges when `heard` (a gloss of under two distinctive
+    words is not: it ranks, it does not rate), never one more variant (0 without one)."""
     pairs = [rated(key, features) for key, features in runs]
     opinion = 0.0
     if translated is not None and 0 < translated < len(pairs):
         own, second = pairs.pop(translated)
-        gained, opinion = translation(runs[0][1], own, second)
-        pairs[0] = (max(pairs[0][0], gained), pairs[0][1])
+        if heard:
+            gained, opinion = translation(runs[0][1], own, second)
+            pairs[0] = (max(pairs[0][0], gained), pairs[0][1])
     return combined([own for own, _ in pairs]), combined([second for _, second in pairs]), opinion
 
 
