@@ -238,8 +238,9 @@ def chinese_gloss(question: str, uses: Callable[[str], int], words: list[str] | 
 
 def distinctive_words(gloss: str, uses: Callable[[str], int], chunks: int) -> int:
     """How many of a gloss's words the home holds in at most COMMON_SHARE of its `chunks` (`uses`: in how many chunks
-    a word is). A gloss of one such word (研究 for "What did Caroline research?", the name left untranslated) matches
-    some note in any home: its rating says nothing about the question (rag_app.search.relevance.translation)."""
+    a word is). A gloss of one or two such words (研究 for "What did Caroline research?", the name left untranslated;
+    陶器 纲 for "a pottery class") matches some note in any home: its rating says nothing about the question
+    (rag_app.search.retrieve's TRANSLATION_WORDS, rag_app.search.relevance.translation)."""
     return sum(0 < uses(word) <= COMMON_SHARE * chunks for word in dict.fromkeys(gloss.split()))
 
 

@@ -82,7 +82,7 @@ NODE_CACHE_MAX = 5_000  # nodes kept between searches (~3.5 KB each)
 TRANSLATE_HAN = 0.2
 TRANSLATE_ZH_HAN = 0.5
 TRANSLATE_KNOWN = 0.5
-TRANSLATION_WORDS = 2  # distinctive words a gloss needs for its rating to count (`_heard`)
+TRANSLATION_WORDS = 3  # distinctive words a gloss needs for its rating to count (`_heard`)
 QUERY_VECTOR_CACHE = 512  # query embeddings kept (an agent's variants, a repeated question), oldest dropped first
 
 

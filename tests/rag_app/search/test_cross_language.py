@@ -214,7 +214,7 @@ def test_an_english_question_finds_its_chinese_note_through_the_gloss(home, make
     assert plants.results[0]["title"] == "植物养护" and plants.answer_state == "found"
 
 
-def test_a_gloss_of_one_word_ranks_but_does_not_rate(home, make_vault) -> None:
+def test_a_gloss_of_few_words_ranks_but_does_not_rate(home, make_vault) -> None:
     """"What did Caroline research?": the name has no gloss, and 研究 alone is in some note of any home. The note it
     finds may come first, but is not called related on the gloss's say."""
     from rag_app.engine import Brain
