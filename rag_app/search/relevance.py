@@ -104,17 +104,19 @@ def rated(key: str, features: Mapping[str, float]) -> tuple[float, float]:
     return own, second
 
 
-def rate(runs: list[tuple[str, Mapping[str, float]]],
-         translated: int | None = None) -> tuple[float, float, float]:
+def rate(runs: list[tuple[str, Mapping[str, float]]], translated: int | None = None,
+         heard: bool = True) -> tuple[float, float, float]:
     """A note's relevance, second opinion and translation opinion over the question's run and its variants'
     (`rated`, then `combined`). `translated`: the run of the question's word-by-word translation
-    (rag_app.search.cross_language), which `translation` judges, not one more variant (0 without one)."""
+    (rag_app.search.cross_language), which `translation` judges when `heard` (a gloss of few distinctive
+    words is not: it ranks, it does not rate), never one more variant (0 without one)."""
     pairs = [rated(key, features) for key, features in runs]
     opinion = 0.0
     if translated is not None and 0 < translated < len(pairs):
         own, second = pairs.pop(translated)
-        gained, opinion = translation(runs[0][1], own, second)
-        pairs[0] = (max(pairs[0][0], gained), pairs[0][1])
+        if heard:
+            gained, opinion = translation(runs[0][1], own, second)
+            pairs[0] = (max(pairs[0][0], gained), pairs[0][1])
     return combined([own for own, _ in pairs]), combined([second for _, second in pairs]), opinion
 
 
@@ -122,11 +124,12 @@ def translation(question: Mapping[str, float], own: float, second: float) -> tup
     """What a note's rating under the question's word-by-word translation says: (relevance, translation opinion).
     A gloss is a bag of dictionary senses (安倍晋三 → "Abe the Jin Dynasties three") that matches some English note
     for most news questions, so it counts only where the question's own reading agrees (a dense channel ranks the
-    note among its first DENSE_TOP for the question as written): from RELATED up as relevance, never "strong" alone;
-    and the fast model's rating of it (its second opinion of that run) as a lead from TRANSLATION_LEAD."""
+    note among its first DENSE_TOP for the question as written), and only when it is sure: a rating of STRONG makes
+    the note "related", never "strong" alone; and the fast model's rating of it (its second opinion of that run) is a
+    lead from TRANSLATION_LEAD."""
     if min(question.get("use_rank", RANK_ABSENT), question.get("e5_rank", RANK_ABSENT)) >= DENSE_TOP:
         return 0.0, 0.0
-    return (min(own, STRONG - 0.01) if own >= RELATED else 0.0), second
+    return (min(own, STRONG - 0.01) if own >= STRONG else 0.0), second
 
 
 def combined(runs: list[float]) -> float:

@@ -28,13 +28,20 @@ from llama_index.core.retrievers.fusion_retriever import FUSION_MODES
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
 from rag_app.config import Settings
-from rag_app.index.keyword import KeywordIndex, query_words, to_simplified, tokenize
+from rag_app.index.keyword import HAN_RUN, KeywordIndex, query_words, to_simplified, tokenize
 from rag_app.index.keyword_store import keyword_stamp, open_keyword_index
 from rag_app.index.manifest import Manifest
 from rag_app.index.store import StoreUnreachable, unreachable
 from rag_app.index.topics import TOPIC_MODEL, TopicIndex
 from rag_app.search import relevance
-from rag_app.search.cross_language import content_words, english_gloss
+from rag_app.search.cross_language import (
+    chinese_gloss,
+    content_words,
+    distinctive_words,
+    english_gloss,
+    english_words,
+    language_of,
+)
 from rag_app.search.query import (
     RetrievalConfig,
     SearchError,
@@ -69,10 +76,13 @@ class _Timing:
 
 
 NODE_CACHE_MAX = 5_000  # nodes kept between searches (~3.5 KB each)
-# A Chinese question is also searched as its English gloss (rag_app.search.cross_language) in a home of English notes
-# (under TRANSLATE_HAN of its words Chinese) that knows at most TRANSLATE_KNOWN of the question's Chinese content words
+# A question is also searched as its gloss in the notes' language (rag_app.search.cross_language) when the home knows
+# at most TRANSLATE_KNOWN of its content words: a Chinese question in a home of English notes (under TRANSLATE_HAN of
+# its words Chinese), an English one in a home mostly of Chinese notes (TRANSLATE_ZH_HAN of its words Chinese or more)
 TRANSLATE_HAN = 0.2
+TRANSLATE_ZH_HAN = 0.5
 TRANSLATE_KNOWN = 0.5
+TRANSLATION_WORDS = 3  # distinctive words a gloss needs for its rating to count (`_heard`)
 QUERY_VECTOR_CACHE = 512  # query embeddings kept (an agent's variants, a repeated question), oldest dropped first
 
 
@@ -655,8 +665,9 @@ class NoteFusionRetriever(QueryFusionRetriever):
         pool = len(allowed) if allowed is not None else len(index.keyword().ids)
         evidence = note_evidence(index, self, [r["note_id"] for r in results], pool)
         translated = self.queries_run.index(self.translation) if self.translation in self.queries_run else None
+        heard = translated is not None and self._heard(index.keyword(), self.translation)
         for result in results:
-            rate(result, evidence[result["note_id"]], translated)
+            rate(result, evidence[result["note_id"]], translated, heard)
         topics_used = False
         if mode == "hybrid" and (not results or results[0]["relevance"] < relevance.STRONG):
             # words did not settle it: what the notes are about may (a topical question); skipped otherwise, so a
@@ -678,6 +689,7 @@ class NoteFusionRetriever(QueryFusionRetriever):
             "queries": self.queries_run or [text],
             "expanded": len(self.queries_run) > 1,
             "translation": self.translation,
+            "translation_language": language_of(self.translation) if self.translation else None,
             "filters": filters.to_dict(),
             "time_phrase": time_range.to_dict() if time_range else None,
             "time_phrase_ignored": ignored_phrase,
@@ -742,18 +754,33 @@ class NoteFusionRetriever(QueryFusionRetriever):
 
     def _translation(self, index: SearchIndex, text: str, mode: str,
                      channels: list[tuple[str, BaseRetriever]]) -> str | None:
-        """The question in the notes' language (rag_app.search.cross_language) when the caller gave no variants, the
-        home is written in English (under TRANSLATE_HAN of its words are Chinese) and knows at most TRANSLATE_KNOWN
-        of the question's Chinese content words: a Chinese question about English notes."""
+        """The question in the notes' language (rag_app.search.cross_language) when the caller gave no variants and
+        the home knows at most TRANSLATE_KNOWN of the question's content words: a Chinese question in a home written
+        in English (under TRANSLATE_HAN of its words are Chinese), an English one in a home written mostly in Chinese
+        (TRANSLATE_ZH_HAN or more)."""
         if self.variants or mode != "hybrid" or not channels or channels[0][0] != "bm25":
             return None
         keyword = index.keyword()
-        if keyword.han_share >= TRANSLATE_HAN:
-            return None
-        words = content_words(text)
-        if not words or sum(_known_share(keyword, w) > 0 for w in words) > TRANSLATE_KNOWN * len(words):
-            return None
-        return english_gloss(text, known=lambda sense: _known_share(keyword, sense), words=words)
+        if keyword.han_share < TRANSLATE_HAN:
+            words = content_words(text)
+            if not words or sum(_known_share(keyword, w) > 0 for w in words) > TRANSLATE_KNOWN * len(words):
+                return None
+            return english_gloss(text, known=lambda sense: _known_share(keyword, sense), words=words)
+        if keyword.han_share >= TRANSLATE_ZH_HAN:
+            stems = english_words(text)
+            if not stems or sum(keyword.df(w) > 0 for w in stems) > TRANSLATE_KNOWN * len(stems):
+                return None
+            return chinese_gloss(text, uses=keyword.df, words=stems)
+        return None
+
+    @staticmethod
+    def _heard(keyword: KeywordIndex, gloss: str) -> bool:
+        """Whether a gloss's rating may speak for a note (relevance.rate): it holds at least TRANSLATION_WORDS words
+        distinctive in the home (cross_language.distinctive_words; an English word counted by its stems)."""
+        def uses(word: str) -> int:
+            return keyword.df(word) if HAN_RUN.search(word) else max(map(keyword.df, tokenize(word)), default=0)
+
+        return distinctive_words(gloss, uses, len(keyword.ids)) >= TRANSLATION_WORDS
 
     def fuse(self, text: str, channels: list[tuple[str, BaseRetriever]],
              config: RetrievalConfig, extra: list[str] | None = None) -> list[NodeWithScore]:
@@ -870,11 +897,13 @@ def _topic_results(index: SearchIndex, note_ids: list[str], best: dict[str, tupl
     return out
 
 
-def rate(result: dict[str, Any], runs: list[tuple[str, dict[str, float]]], translated: int | None = None) -> None:
+def rate(result: dict[str, Any], runs: list[tuple[str, dict[str, float]]], translated: int | None = None,
+         heard: bool = True) -> None:
     """A result's `relevance` from its evidence, and in the default configuration the fast model's `second_opinion`
     when the fast channel ranks the note among its first (relevance.second_opinion; absent when 0). `translated`:
-    the run that is the question's translation, whose say is `translation_opinion` (relevance.translation)."""
-    own, second, opinion = relevance.rate(runs, translated)
+    the run that is the question's translation, whose say is `translation_opinion` (relevance.translation), when
+    `heard`."""
+    own, second, opinion = relevance.rate(runs, translated, heard)
     result["relevance"] = round(own, 4)
     if second > 0:
         result["second_opinion"] = round(second, 4)

@@ -391,10 +391,10 @@ def _time_filter_line(coverage: dict[str, Any]) -> str | None:
 
 
 def _search_lines(coverage: dict[str, Any]) -> list[str]:
-    """What shaped the search besides the words: the English gloss a Chinese question was also searched as in a home
-    of English notes (rag_app.search.cross_language), and the time filter (`_time_filter_line`)."""
-    gloss = coverage.get("translation")
-    lines = [f"(also searched in English, word by word: \"{_plain(gloss)}\")"] if gloss else []
+    """What shaped the search besides the words: the gloss in the notes' language a question was also searched as
+    (rag_app.search.cross_language), and the time filter (`_time_filter_line`)."""
+    gloss, language = coverage.get("translation"), coverage.get("translation_language") or "English"
+    lines = [f"(also searched in {_plain(language)}, word by word: \"{_plain(gloss)}\")"] if gloss else []
     return lines + list(filter(None, [_time_filter_line(coverage)]))
 
 

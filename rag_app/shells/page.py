@@ -525,8 +525,9 @@ def turn_markdown(turn: dict[str, Any], index: int, allowed: Iterable[str], obsi
     if condensed and condensed != str(turn.get("question") or "").strip():
         parts.append(f"_Searched for: {escape_markdown(condensed)}_")
     translation = str(coverage.get("translation") or "").strip()
-    if translation:  # a Chinese question about English notes (rag_app.search.cross_language)
-        parts.append(f"_Also searched in English, word by word: {escape_markdown(translation)}_")
+    if translation:  # a question in the other language than the notes (rag_app.search.cross_language)
+        language = escape_markdown(str(coverage.get("translation_language") or "English"))
+        parts.append(f"_Also searched in {language}, word by word: {escape_markdown(translation)}_")
     if citations:
         cited = coverage.get("cited") if turn.get("mode") == "llm" else None
         if cited is None:

@@ -94,14 +94,15 @@ def test_the_fast_model_is_asked_only_in_the_default_configuration_about_a_note_
 
 
 def test_a_translation_counts_only_where_the_question_as_written_agrees_and_never_makes_a_note_strong() -> None:
-    """The question's English gloss is a bag of dictionary senses: a news question's gloss matches some English note.
-    It speaks for a note the question's own dense reading ranks among its first DENSE_TOP: as relevance from
-    RELATED up (capped under strong), and through the fast model's rating as a lead (TRANSLATION_LEAD)."""
+    """The question's gloss is a bag of dictionary senses: a news question's gloss matches some note in the other
+    language. It speaks for a note the question's own dense reading ranks among its first DENSE_TOP, and only when
+    it is sure: its "strong" is "related" (capped under strong); the fast model's rating of it is a lead from
+    TRANSLATION_LEAD."""
     agrees, apart = {"use_rank": DENSE_TOP - 1.0}, {"use_rank": float(DENSE_TOP), "e5_rank": 20.0}
     assert translation(agrees, 0.9, 0.6) == (STRONG - 0.01, 0.6)
-    assert translation(agrees, RELATED - 0.01, 0.2) == (0.0, 0.2)  # below related the gloss's own rating says nothing
+    assert translation(agrees, STRONG - 0.01, 0.2) == (0.0, 0.2)  # under strong the gloss's own rating says nothing
     assert translation(apart, 0.9, 0.6) == (0.0, 0.0)
-    assert translation({"e5_rank": 0.0}, 0.2, 0.0) == (0.2, 0.0)  # either dense channel may agree
+    assert translation({"e5_rank": 0.0}, STRONG, 0.0) == (STRONG - 0.01, 0.0)  # either dense channel may agree
     lead = [{"relevance": 0.0, "translation_opinion": TRANSLATION_LEAD}]
     assert answer_state(lead) == "unsure"
     assert answer_state([{"relevance": 0.0, "translation_opinion": TRANSLATION_LEAD - 0.01}]) == "not_found"
@@ -116,6 +117,8 @@ def test_a_translated_run_is_the_questions_own_not_one_more_variant(monkeypatch:
     assert own == pytest.approx(probability("bm25+use", question))  # as a variant, one run alone does not count
     translated, _, _ = rate([("bm25+use", question), ("bm25+use", gloss)], translated=1)
     assert translated == pytest.approx(min(probability("bm25+use", gloss), STRONG - 0.01))
+    unheard, _, opinion = rate([("bm25+use", question), ("bm25+use", gloss)], translated=1, heard=False)
+    assert unheard == pytest.approx(probability("bm25+use", question)) and opinion == 0.0  # it ranked, it does not rate
 
 
 def test_a_topical_match_alone_is_related_never_strong() -> None:
