@@ -217,6 +217,8 @@ def test_a_filtered_search_and_an_agents_are_told_what_the_users_is(sample_brain
         assert response.results[0]["relevance"] == bare.results[0]["relevance"]
     told = BrainTools(sample_brain).search_notes("观影")
     assert told["answer_state"] == "found" and told["results"][0]["title"] == "电影清单"
+    assert told["results"][0]["topic"]["text"] == "电影"  # the topic that decided the label, the only one sent
+    assert not any("topic" in result for result in told["results"][1:])
 
 
 def test_with_variants_the_question_counts_alone_and_variants_count_when_two_agree() -> None:
