@@ -171,7 +171,7 @@ def brief_result(result: dict[str, Any], terms: set[str], detail: str, limit: in
     shaped.update({key: str(result[key])[:10] for key in DATE_KEYS if result.get(key)})
     if result.get("tags"):
         shaped["tags"] = result["tags"]
-    if result.get("topic"):
+    if (result.get("topic") or {}).get("stands_out"):  # the one that decides a label; the rest are every note's
         shaped["topic"] = {"text": result["topic"]["text"], "similarity": result["topic"]["similarity"]}
     if result.get("duplicates"):
         shaped["duplicates"] = result["duplicates"]

@@ -672,7 +672,7 @@ class NoteFusionRetriever(QueryFusionRetriever):
         if mode == "hybrid" and (not results or results[0]["relevance"] < relevance.STRONG):
             # words did not settle it: what the notes are about may (a topical question); skipped otherwise, so a
             # lookup the words answer never loads the fast model for it
-            notes = {c.rsplit(":", 1)[0] for c in allowed} if allowed is not None else None
+            notes = {c.rpartition(":chunk:")[0] or c for c in allowed} if allowed is not None else None
             topics_used = self._by_topic(index, text, results, notes, evidence, pool)
         if down:  # the dense evidence was never gathered: what BM25 alone found is at most related
             for result in results:

@@ -407,18 +407,20 @@ def _store_down_line(coverage: dict[str, Any]) -> str | None:
 
 
 def _print_results(response: Any) -> None:
-    for line in _search_lines(response.coverage):
-        click.echo(line)
+    """What was found: the verdict first when the engine is unsure or found nothing that answers, then what shaped
+    the search (`_search_lines`), then the notes."""
     if _store_down_line(response.coverage):
         click.echo(_store_down_line(response.coverage), err=True)
+    if response.results and response.not_found:
+        click.echo("not in your notes: nothing here seems to answer it; the nearest notes, as leads:")
+    elif response.results and response.answer_state == "unsure":
+        closest = ", ".join(_plain(r["title"]) for r in response.results[:3])
+        click.echo(f"not sure your notes cover this — closest: {closest}")
+    for line in _search_lines(response.coverage):
+        click.echo(line)
     if not response.results:
         click.echo("no matching notes")
         return
-    if response.not_found:
-        click.echo("not in your notes: nothing here seems to answer it; the nearest notes, as leads:")
-    elif response.answer_state == "unsure":
-        closest = ", ".join(_plain(r["title"]) for r in response.results[:3])
-        click.echo(f"not sure your notes cover this — closest: {closest}")
     for n, result in enumerate(response.results, 1):
         where = result["note_id"] + (f"  {result['url']}" if result.get("url") else "")  # the id `brain get` takes
         click.echo(f"{n:>2}. {_plain(result['title'])}  {_plain(where)}  "

@@ -202,6 +202,25 @@ def test_a_match_by_meaning_alone_comes_first_and_the_notes_own_words_make_it_an
     assert helped.results[0]["strength"] == "strong" and helped.results[0]["relevance"] >= bare.results[0]["relevance"]
 
 
+def test_a_filtered_search_and_an_agents_are_told_what_the_users_is(sample_brain) -> None:
+    """A filter (and an agent's search, which leaves private notes out) limits the notes the topic step reads. It
+    read none: chunk ids end ":chunk:<n>", and the note ids were cut at the last colon. 观影 was "related" for a
+    person and "not in your notes" through MCP and the agent tools."""
+    from tools.function_tools import BrainTools
+
+    bare = sample_brain.search("观影", k=5, expand=False)
+    for response in (sample_brain.search("观影", k=5, expand=False, audience="agent"),
+                     sample_brain.search("观影", k=5, expand=False, sources=("vault",)),
+                     sample_brain.search("观影", k=5, expand=False, path_prefix="生活")):
+        assert response.coverage["topics"] and response.answer_state == bare.answer_state == "found"
+        assert response.results[0]["title"] == "电影清单" and response.results[0]["topic"] == bare.results[0]["topic"]
+        assert response.results[0]["relevance"] == bare.results[0]["relevance"]
+    told = BrainTools(sample_brain).search_notes("观影")
+    assert told["answer_state"] == "found" and told["results"][0]["title"] == "电影清单"
+    assert told["results"][0]["topic"]["text"] == "电影"  # the topic that decided the label, the only one sent
+    assert not any("topic" in result for result in told["results"][1:])
+
+
 def test_with_variants_the_question_counts_alone_and_variants_count_when_two_agree() -> None:
     assert combined([]) == 0.0 and combined([0.4]) == 0.4
     assert combined([0.6, 0.0, 0.1]) == 0.6  # the question's own evidence stands alone
