@@ -111,11 +111,15 @@ def test_terminal_output_never_carries_escape_sequences_or_split_lines(home, mak
     assert any("\x1b" in r["title"] for r in as_json["results"])  # JSON keeps the data exactly, escaped
 
 
+FILLING_NOTES = 160  # enough that the fill is still running when a `status` poll, ~1 s, first sees a batch
+
+
 def filling_sync(home: Path, make_vault) -> tuple[subprocess.Popen[str], dict]:
-    """A sync of 60 notes with the slow default model, returned once its fill has committed a first batch, with the
-    channels `status` reported then."""
+    """A sync of FILLING_NOTES notes with the slow default model, returned once its fill has committed a first batch,
+    with the channels `status` reported then. (With 60 the fill's second batch, sized to ~2 s at the measured rate,
+    could hold all the rest on an idle machine: the signal came after the end.)"""
     vault = make_vault({f"n{i:02d}.md": f"# Note {i}\n\nzettel{i} " + "words about this and that. " * 12
-                        for i in range(60)})
+                        for i in range(FILLING_NOTES)})
     (home / "config.toml").write_text('[embedding]\nmodel = "e5-small"\nsecond_model = ""\n', encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if k not in ("CFLOW_API_TOKEN", "MEMOS_TOKEN", "BRAIN_HOME")}
     sync = subprocess.Popen([*BRAIN, "--home", str(home), "sync", "--vault", str(vault)], cwd=REPO, env=env,
@@ -135,19 +139,20 @@ def test_a_signalled_sync_stops_within_seconds_and_the_next_one_finishes_the_res
     """Keyword search covers every note before the slow default model starts; a signal ends the fill after the
     batch in hand (exit 130), and the next sync embeds only what is missing."""
     sync, channels = filling_sync(home, make_vault)
-    assert channels["bm25"] == {"chunks": 60, "complete": True}
+    assert channels["bm25"] == {"chunks": FILLING_NOTES, "complete": True}
     signalled = time.monotonic()
     sync.send_signal(signum)
     _, stderr = sync.communicate(timeout=60)
     assert sync.returncode == 130, stderr
     assert time.monotonic() - signalled < 10 and "`brain sync` continues" in stderr
     filled = json.loads(brain(home, "status", "--json").stdout)["channels"]["e5-small"]
-    assert 0 < filled["chunks"] < 60 and filled["complete"] is False
+    assert 0 < filled["chunks"] < FILLING_NOTES and filled["complete"] is False
     found = json.loads(brain(home, "search", "zettel59", "--json").stdout)
     assert found["results"][0]["note_id"] == "vault:notes/n59.md"
 
     rest = json.loads(brain(home, "sync", "--json").stdout)
-    assert rest["sources"][0]["unchanged"] == 60 and rest["vectors"] == {"e5-small": 60 - filled["chunks"]}
+    assert rest["sources"][0]["unchanged"] == FILLING_NOTES
+    assert rest["vectors"] == {"e5-small": FILLING_NOTES - filled["chunks"]}
     assert json.loads(brain(home, "status", "--json").stdout)["channels"]["e5-small"]["complete"] is True
 
 
@@ -160,7 +165,7 @@ def test_a_second_ctrl_c_stops_a_sync_at_once_with_the_documented_code(home, mak
     assert sync.returncode == 130 and "Aborted!" not in stderr, stderr
     assert "`brain sync` continues" in stderr and "Traceback" not in stderr
     rest = json.loads(brain(home, "sync", "--json").stdout)
-    assert rest["sources"][0]["failed"] is False and rest["sources"][0]["unchanged"] == 60
+    assert rest["sources"][0]["failed"] is False and rest["sources"][0]["unchanged"] == FILLING_NOTES
 
 
 def test_the_text_output_names_each_note_by_the_id_get_takes(sample_home):
