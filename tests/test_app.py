@@ -798,3 +798,10 @@ def test_python_app_py_serves_the_page(home: Path, tmp_path: Path) -> None:
     refused = subprocess.run([sys.executable, str(REPO / "app.py")], cwd=tmp_path, capture_output=True, text=True,
                              env=env | {"GRADIO_SERVER_NAME": "0.0.0.0"}, timeout=120)
     assert refused.returncode == 2 and "BRAIN_UI_USER and BRAIN_UI_PASSWORD" in refused.stderr
+
+
+def test_a_source_found_through_another_ones_link_says_so() -> None:
+    note = {"n": 1, "note_id": "vault:v/incident.md", "title": "Incident", "path": "incident.md", "excerpt": "",
+            "strength": "strong", "linked_from": "周会纪要 *2024*"}
+    head = app.sources_markdown([note], {1}, obsidian=False, excerpts=False, turn=0).splitlines()[2]
+    assert head.endswith(rf"{STRONG} · linked from 周会纪要 \*2024\*")

@@ -71,6 +71,8 @@ def citations_from(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         else:
             citation["path"] = result.get("path")
         citation.update(excerpt=readable_excerpt(result["excerpt"]), strength=result["strength"])
+        if result.get("linked_from"):  # found through a line of another result that links here
+            citation["linked_from"] = result["linked_from"]["title"]
         out.append(citation)
     return out
 

@@ -19,7 +19,7 @@ class LinkGraph:
     @staticmethod
     def build(notes: dict[str, dict[str, Any]]) -> LinkGraph:
         graph = LinkGraph()
-        resolver = _Resolver(notes)
+        resolver = LinkResolver(notes)
         for note_id, meta in notes.items():
             if meta.get("kind") == "memos" and meta.get("visibility") == "PRIVATE":
                 graph.private.add(note_id)
@@ -47,7 +47,7 @@ class LinkGraph:
         }
 
 
-class _Resolver:
+class LinkResolver:
     """Obsidian-style resolution: a path, a file name, a title or an alias; the linking note's own vault first."""
 
     def __init__(self, notes: dict[str, dict[str, Any]]):

@@ -42,6 +42,8 @@ from rag_app.search.cross_language import (
     english_words,
     language_of,
 )
+from rag_app.search.graph import LinkResolver
+from rag_app.search.pointers import MAX_POINTED, pointers, question_weights
 from rag_app.search.query import (
     RetrievalConfig,
     SearchError,
@@ -108,6 +110,7 @@ class SearchIndex:
         self._backgrounds: dict[tuple[str, str], np.ndarray | None] = {}
         self._topics: TopicIndex | None = None
         self._topics_stamp = ""
+        self._resolver: tuple[str, LinkResolver] | None = None
         self.timing = _Timing()
 
     def close(self) -> None:
@@ -242,6 +245,14 @@ class SearchIndex:
         query = _unit(np.asarray([self.embed_query(question, TOPIC_MODEL)], dtype=np.float32))[0]
         vectors = _unit(np.asarray(self._embeds[TOPIC_MODEL].get_text_embedding_batch(lines), dtype=np.float32))
         return (vectors @ query).tolist()
+
+    def resolve_link(self, target: str, linking: dict[str, Any]) -> str | None:
+        """The note a wikilink's target names, resolved as Obsidian does (rag_app.search.graph); every note's metadata
+        is read once per index generation, and only when a search follows a link."""
+        stamp = self.stamp
+        if self._resolver is None or self._resolver[0] != stamp:
+            self._resolver = (stamp, LinkResolver(self.manifest.note_metadata()))
+        return self._resolver[1].resolve(target, linking)
 
     def facts(self) -> list[NoteFacts]:
         """What filters look at, once per note (not per chunk: 100k chunks' metadata held 350 MB), reloaded when the
@@ -677,6 +688,7 @@ class NoteFusionRetriever(QueryFusionRetriever):
         if down:  # the dense evidence was never gathered: what BM25 alone found is at most related
             for result in results:
                 result["relevance"] = min(result["relevance"], relevance.STRONG - 0.01)
+        self._follow_links(index, text, results, allowed, evidence, pool)
         for result in results:
             result["strength"] = relevance.strength(result["relevance"])
         results = relevance.reading_order(results)
@@ -751,6 +763,39 @@ class NoteFusionRetriever(QueryFusionRetriever):
             if result["note_id"] == standout:
                 result["relevance"] = max(result["relevance"], relevance.topical(similarity))
         return True
+
+    def _follow_links(self, index: SearchIndex, text: str, results: list[dict[str, Any]], allowed: set[str] | None,
+                      evidence: dict[str, list[tuple[str, dict[str, float]]]], pool: int) -> None:
+        """A note a related-or-better result's matching line links to (rag_app.search.pointers) goes just above that
+        result, as relevant as it (the line says the question's subject is there), with `linked_from` saying which
+        line sent it; one the filters hide stays out. Never changes the answer state: no relevance rises above the
+        pointing result's."""
+        lines = pointers(results, question_weights(text, index.keyword().idf), index.resolve_link)
+        moved = 0
+        for pointer in lines:
+            source = results[pointer.source] if pointer.source < len(results) else None
+            if moved >= MAX_POINTED or source is None or source["relevance"] < relevance.RELATED:
+                continue
+            if allowed is not None and not _passes_filters(index, pointer.target, allowed):
+                continue
+            ids = [r["note_id"] for r in results]
+            if pointer.target in ids:
+                if ids.index(pointer.target) < ids.index(source["note_id"]):
+                    continue
+                target = results.pop(ids.index(pointer.target))
+            else:
+                joined = _linked_results(index, pointer.target, pointer.heading, text)
+                if not joined:
+                    continue
+                target = joined[0]
+                evidence.update(note_evidence(index, self, [pointer.target], pool))
+                rate(target, evidence[pointer.target])
+            target["relevance"] = max(target["relevance"], source["relevance"])
+            target["score"] = source["score"]
+            target["linked_from"] = {"note_id": source["note_id"], "title": source["title"], "line": pointer.line}
+            results.insert(results.index(source), target)
+            moved += 1
+        del results[self.similarity_top_k:]
 
     def _translation(self, index: SearchIndex, text: str, mode: str,
                      channels: list[tuple[str, BaseRetriever]]) -> str | None:
@@ -895,6 +940,21 @@ def _topic_results(index: SearchIndex, note_ids: list[str], best: dict[str, tupl
         chunk_id = next((c for _, h, c in chunks if h and h == best[note_id][1]), chunks[0][2])
         out.append(_result(note_id, index.nodes([(chunk_id, 0.0)]), terms))
     return out
+
+
+def _passes_filters(index: SearchIndex, note_id: str, allowed: set[str]) -> bool:
+    entry = index.manifest.entries_for([note_id]).get(note_id)
+    return entry is not None and any(c in allowed for c in entry.chunk_ids)
+
+
+def _linked_results(index: SearchIndex, note_id: str, heading: str, query: str) -> list[dict[str, Any]]:
+    """A result for a note a link brought in: the chunk under the linked heading, else its first."""
+    chunks = sorted((int(meta.get("chunk", 0)), str(meta.get("heading") or "").rsplit(" › ", 1)[-1], chunk_id)
+                    for chunk_id, _, _, meta in index.manifest.chunks_for_notes([note_id]))
+    if not chunks:
+        return []
+    chunk_id = next((c for _, h, c in chunks if heading and h.lower() == heading.lower()), chunks[0][2])
+    return [_result(note_id, index.nodes([(chunk_id, 0.0)]), [w.lower() for w in query_words(query, True)])]
 
 
 def rate(result: dict[str, Any], runs: list[tuple[str, dict[str, float]]], translated: int | None = None,

@@ -426,6 +426,9 @@ def _print_results(response: Any) -> None:
         click.echo(f"{n:>2}. {_plain(result['title'])}  {_plain(where)}  "
                    f"{result['strength']} ({result['relevance']:.2f})")
         click.echo(f"    {_plain(readable_excerpt(result['excerpt'])[:200])}")
+        if result.get("linked_from"):
+            linked = result["linked_from"]
+            click.echo(f"    ↳ linked from {_plain(linked['title'])}: {_plain(linked['line'])}")
 
 
 @main.command("ask", short_help="Answer from your notes, citing them as [n].")

@@ -464,6 +464,8 @@ def sources_markdown(citations: list[dict[str, Any]], shown: set[int], obsidian:
         path = "" if citation.get("url") else str(citation.get("path") or "")
         head += f" — {escape_markdown(path)}" if path else ""
         head += f" {strength_badge(str(citation.get('strength') or 'weak'))}"
+        if citation.get("linked_from"):
+            head += f" · linked from {escape_markdown(str(citation['linked_from']))}"
         href = note_href(citation, obsidian)
         if href:
             head += f" · [open in {'Memos' if citation.get('url') else 'Obsidian'}]({href})"

@@ -235,3 +235,11 @@ def test_an_agent_sees_what_a_chinese_question_was_also_searched_as(home: Path, 
     assert bare["results"][0]["title"] == "Schadenfreude"
     helped = call(tools["search_notes"], query="看到别人倒霉就暗自高兴的心理", queries=["schadenfreude"])
     assert "translation" not in helped["coverage"] and helped["results"][0]["title"] == "Schadenfreude"
+
+
+def test_an_agent_is_told_which_line_sent_it_to_a_linked_note(sample_tools):
+    """The agent search (private notes left out: a filter) follows the meeting note's link as a person's does."""
+    reply = call(sample_tools["search_notes"], query="支付超时事故的根因是什么")
+    first, second = reply["results"][:2]
+    assert first["path"].endswith("incident-2024-03-payment-timeout.md") and first["strength"] == "strong"
+    assert first["linked_from"]["note_id"] == second["note_id"] and "详见" in first["linked_from"]["line"]

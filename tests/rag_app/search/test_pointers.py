@@ -1,0 +1,67 @@
+"""A found note's line that holds the question's words and links to another note sends the reader there."""
+
+from __future__ import annotations
+
+from rag_app.search.pointers import pointers, question_weights, share_held
+
+WEIGHTS = {"支付": 2.0, "超时": 3.0, "事故": 2.0}  # 支付超时事故的根因是什么, as the home weighs its words
+
+
+def result(note_id: str, text: str) -> dict:
+    return {"note_id": note_id, "source": "vault", "chunks": [{"text": text}]}
+
+
+def resolve(target: str, _linking: object) -> str | None:
+    return {"incident": "n:incident", "runbook": "n:runbook", "plan": "n:plan", "meeting": "n:meeting"}.get(target)
+
+
+def test_a_line_holding_the_questions_words_points_to_its_one_link():
+    meeting = result("n:meeting", "上周回顾\n- 支付超时事故已复盘，改进项跟进中，详见 [[incident]]。")
+    found = [(p.source, p.target, p.line) for p in pointers([meeting], WEIGHTS, resolve)]
+    assert found == [(0, "n:incident", "支付超时事故已复盘，改进项跟进中，详见 incident。")]
+
+
+def test_in_a_line_of_several_links_only_the_one_whose_alias_names_the_subject_points():
+    index = "- 工作：[[runbook]]、[[incident|三月支付超时事故]]、[[plan]]"
+    assert [p.target for p in pointers([result("n:home", index)], WEIGHTS, resolve)] == ["n:incident"]
+
+
+def test_a_line_without_most_of_the_questions_words_points_nowhere():
+    assert pointers([result("n:meeting", "- 超时重试的讨论见 [[plan]]")], WEIGHTS, resolve) == []
+
+
+def test_no_pointer_to_itself_to_an_unknown_note_to_an_embed_or_from_below_the_first_three():
+    lines = "- 支付超时事故 [[meeting]]\n- 支付超时事故 [[nowhere]]\n- 支付超时事故 ![[incident]]"
+    assert pointers([result("n:meeting", lines)], WEIGHTS, resolve) == []
+    below = [result(f"n:{k}", "nothing here") for k in range(3)] + [result("n:x", "- 支付超时事故 [[incident]]")]
+    assert pointers(below, WEIGHTS, resolve) == []
+
+
+def test_a_chinese_word_counts_inside_a_longer_one_and_unknown_words_weigh_nothing():
+    assert share_held("支付超时事故已复盘", WEIGHTS) == 1.0
+    weights = question_weights("支付超时事故的根因是什么", {"支付": 2.0, "超时": 3.0, "事故": 2.0}.get)
+    assert weights == WEIGHTS  # 根因 is in no note; 什么 asks
+
+
+def test_the_note_a_matching_line_links_to_comes_first_as_relevant_as_the_line(sample_brain):
+    """支付超时事故的根因是什么, asked of the sample vault: the meeting note holds the words and says the details are in
+    the (English) incident note, which no channel ranked near the top."""
+    found = sample_brain.search("支付超时事故的根因是什么", 5, expand=False)
+    first, second = found.results[:2]
+    assert first["path"].endswith("work/incident-2024-03-payment-timeout.md")
+    assert first["linked_from"] == {"note_id": second["note_id"], "title": "周会纪要 2024-04-08",
+                                    "line": "支付超时事故已复盘，改进项跟进中，详见 incident-2024-03-payment-timeout。"}
+    assert first["relevance"] == second["relevance"] and first["strength"] == "strong"
+    assert found.answer_state == "found"
+
+
+def test_a_linked_note_the_filters_hide_stays_out(sample_brain):
+    found = sample_brain.search("支付超时事故的根因是什么", 5, expand=False, path_prefix="work/meetings/")
+    assert [r["path"] for r in found.results] == ["work/meetings/周会纪要-2024-04-08.md"]
+    assert "linked_from" not in found.results[0]
+
+
+def test_only_the_sentence_that_holds_the_link_points_not_the_one_before_it_on_the_line():
+    trip = "成都的节奏很慢。下次想去都江堰和青城山。出发前照例看了一遍 [[plan]]，这次没忘东西。"
+    weights = {"下次": 2.0, "成都": 3.0, "想": 1.0}  # 下次去成都想去哪里
+    assert pointers([result("n:trip", trip)], weights, resolve) == []
