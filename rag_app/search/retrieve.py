@@ -43,7 +43,7 @@ from rag_app.search.cross_language import (
     language_of,
 )
 from rag_app.search.graph import LinkResolver
-from rag_app.search.pointers import MAX_POINTED, pointers, question_weights
+from rag_app.search.pointers import MAX_POINTED, POINTER_TOP, pointers, question_weights
 from rag_app.search.query import (
     RetrievalConfig,
     SearchError,
@@ -770,15 +770,17 @@ class NoteFusionRetriever(QueryFusionRetriever):
         result, as relevant as it (the line says the question's subject is there), with `linked_from` saying which
         line sent it; one the filters hide stays out. Never changes the answer state: no relevance rises above the
         pointing result's."""
-        lines = pointers(results, question_weights(text, index.keyword().idf), index.resolve_link)
+        pointing = results[:POINTER_TOP]  # positions move as targets come in: the pointers name these
         moved = 0
-        for pointer in lines:
-            source = results[pointer.source] if pointer.source < len(results) else None
-            if moved >= MAX_POINTED or source is None or source["relevance"] < relevance.RELATED:
+        for pointer in pointers(pointing, question_weights(text, index.keyword().idf), index.resolve_link):
+            source = pointing[pointer.source]
+            if moved >= MAX_POINTED or source["relevance"] < relevance.RELATED:
                 continue
             if allowed is not None and not _passes_filters(index, pointer.target, allowed):
                 continue
             ids = [r["note_id"] for r in results]
+            if any(pointer.target in r["duplicates"] for r in results):
+                continue  # its text is a result's already
             if pointer.target in ids:
                 if ids.index(pointer.target) < ids.index(source["note_id"]):
                     continue

@@ -65,3 +65,25 @@ def test_only_the_sentence_that_holds_the_link_points_not_the_one_before_it_on_t
     trip = "成都的节奏很慢。下次想去都江堰和青城山。出发前照例看了一遍 [[plan]]，这次没忘东西。"
     weights = {"下次": 2.0, "成都": 3.0, "想": 1.0}  # 下次去成都想去哪里
     assert pointers([result("n:trip", trip)], weights, resolve) == []
+
+
+def test_each_linked_note_goes_above_the_note_whose_line_sent_it(home, make_vault):
+    """Two results point, each to its own note: the second is placed by its own pointer, not by the position its
+    pointer had before the first linked note came in."""
+    from rag_app.engine import Brain
+
+    vault = make_vault({
+        "周报.md": "# 周报\n\n- 支付超时复盘已完成，详见 [[incident]]。\n",
+        "月报.md": "# 月报\n\n- 支付超时复盘的改进项，见 [[followup]]。\n",
+        "incident.md": "# Incident\n\nThe gateway dropped pooled connections after the provider's maintenance.\n",
+        "followup.md": "# Follow-up\n\nRetry on connection reset; alert on upstream errors.\n",
+        "其他.md": "# 其他\n\n今天去公园散步，天气很好。\n",
+    })
+    brain = Brain(home)
+    assert not brain.sync(vaults=(str(vault),)).failed
+    results = brain.search("支付超时复盘", 5, expand=False).results
+    titles = [r["title"] for r in results]
+    assert titles.index("Incident") == titles.index("周报") - 1 and titles.index("Follow-up") == titles.index("月报") - 1
+    linked = {r["title"]: r["linked_from"]["title"] for r in results if r.get("linked_from")}
+    assert linked == {"Incident": "周报", "Follow-up": "月报"}
+    brain.close()
