@@ -83,7 +83,8 @@ def test_each_linked_note_goes_above_the_note_whose_line_sent_it(home, make_vaul
     assert not brain.sync(vaults=(str(vault),)).failed
     results = brain.search("支付超时复盘", 5, expand=False).results
     titles = [r["title"] for r in results]
-    assert titles.index("Incident") == titles.index("周报") - 1 and titles.index("Follow-up") == titles.index("月报") - 1
+    assert titles.index("Incident") == titles.index("周报") - 1
+    assert titles.index("Follow-up") == titles.index("月报") - 1
     linked = {r["title"]: r["linked_from"]["title"] for r in results if r.get("linked_from")}
     assert linked == {"Incident": "周报", "Follow-up": "月报"}
     brain.close()
