@@ -288,13 +288,40 @@ def _fit(block: _Block, terms: list[str], limit: int, prefer: str | None = None)
     if block.kind == "table":
         return _fit_table(block, terms, limit, prefer)
     if block.kind == "code":
-        kept = [block.lines[0]]
-        for line in block.lines[1:-1]:
-            if len("\n".join(kept)) + len(line) > limit:
-                break
-            kept.append(line)
-        return _Block("code", [*kept, "…", block.lines[-1]], block.section)
+        return _fit_code(block, limit, prefer)
     return _Block(block.kind, [without_stray_markers(_fit_text(block.text, terms, limit, prefer))], block.section)
+
+
+def _fit_code(block: _Block, limit: int, prefer: str | None) -> _Block:
+    """A code block longer than `limit`, cut to the lines around its answering line (`prefer`: the line with its
+    neighbours, as `_units` reads it; else its first line), "…" where lines are left out, the fences kept."""
+    inner = block.lines[1:-1]
+    lo = hi = _code_centre(inner, prefer)
+    size = len(inner[lo]) if inner else 0
+    while True:
+        grown = False
+        for k in (hi + 1, lo - 1):
+            if 0 <= k < len(inner) and not lo <= k <= hi and size + len(inner[k]) + 1 <= limit:
+                size += len(inner[k]) + 1
+                lo, hi, grown = min(lo, k), max(hi, k), True
+        if not grown:
+            break
+    indent = block.lines[0][: len(block.lines[0]) - len(block.lines[0].lstrip())]  # a fence in a list item
+    cut = indent + "…"
+    kept = ([cut] if lo > 0 else []) + inner[lo:hi + 1] + ([cut] if hi < len(inner) - 1 else [])
+    return _Block("code", [block.lines[0], *kept, block.lines[-1]], block.section)
+
+
+def _code_centre(inner: list[str], prefer: str | None) -> int:
+    """The index in `inner` of the line a `_units` window (a line with the ones beside it) was read for."""
+    if not prefer or not inner:
+        return 0
+    body = [(k, line.strip()) for k, line in enumerate(inner) if line.strip()]
+    window = prefer.split("\n")
+    for j in range(len(body)):
+        if [text for _, text in body[j:j + len(window)]] == window:
+            return body[min(j + (1 if len(window) == 3 or j > 0 else 0), len(body) - 1)][0]
+    return 0
 
 
 _MARK_ONLY = re.compile(r"^\s*(?:[-*+]|\d{1,3}[.)])\s*$")  # "7. " cut off an item as if a sentence

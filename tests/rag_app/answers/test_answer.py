@@ -25,6 +25,7 @@ from rag_app.answers.answer import (
     readable_excerpt,
     readable_inline,
 )
+from rag_app.answers.answer_lines import LineScorer
 from rag_app.engine import Brain
 from tests.conftest import REPO
 from tests.doubles.openai_server import OpenAIDouble
@@ -250,6 +251,20 @@ def test_code_blocks_stay_whole_or_keep_their_fences_and_are_never_bolded():
     text = passage(long, ["docker"])[1]
     lines = text.splitlines()
     assert lines[0] == "```python" and lines[-2:] == ["…", "```"] and "**" not in text and len(text) < 500
+
+
+def test_a_long_code_block_is_cut_around_its_answering_line_not_from_its_top():
+    """which branch does the GitHub action publish the site to: `publish_branch: pages` is 30 lines into the YAML
+    (Dendron's publishing docs); the passage keeps the lines around it, "…" (indented as the fence) where lines are
+    left out."""
+    steps = "".join(f"      - name: step {n}\n        run: make step-{n}\n" for n in range(15))
+    note = ("# Publish\n\n1. Add the workflow\n\n  ```yml\n  on: push\n" + steps + "        with:\n"
+            "          publish_branch: pages\n          publish_dir: docs/\n" + steps + "  ```\n")
+    scorer = LineScorer.for_question("which branch does the GitHub action publish the site to",
+                                     {"branch": 3.0, "publish": 2.0, "github": 1.0, "action": 1.0, "site": 1.0}.get)
+    lines = passage(note, ["branch", "publish"], scorer=scorer)[1].splitlines()
+    assert lines[lines.index("  ```yml") + 1] == "  …" and lines[-2:] == ["  …", "  ```"]
+    assert "          publish_branch: pages" in lines and len("\n".join(lines)) < 500
 
 
 def test_a_long_paragraph_is_cut_on_sentences_around_the_match():
