@@ -1,8 +1,10 @@
 """Does an answer without an LLM show the line that answers? Measured through `Brain.ask` (extractive mode).
 
-Each pair of bench/answer_lines/*.tsv (`question<TAB>note path<TAB>a piece of the answering line`) is asked of a
-home holding that vault; the answer's passages (markdown emphasis removed, blanks collapsed) either show the line,
-show the right note without it, or do not show the right note at all (the search's miss, counted apart).
+Each pair of bench/answer_lines/*.tsv (`question<TAB>note path<TAB>a piece of the answering line`, then optionally
+pieces of other lines of the note that answer it too, found on review) is asked of a home holding that vault; the
+answer's passages (markdown emphasis removed, blanks collapsed) either show the line, show the right note without
+it, or do not show the right note at all (the search's miss, counted apart). A pair whose passage shows one of its
+other answering lines instead is counted in its own column ("another answering line"), not as shown.
 
 usage: python bench/answer_lines.py HOME=bench/answer_lines/sample_vault.tsv [HOME=FILE ...] [--misses]
 """
@@ -20,12 +22,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rag_app.engine import Brain  # noqa: E402
 
 
-def pairs(path: Path) -> list[tuple[str, str, str]]:
+def pairs(path: Path) -> list[tuple[str, str, str, list[str]]]:
+    """(question, note, answering line, other lines that answer it too) per row."""
     rows = []
     for line in path.read_text(encoding="utf-8").splitlines():
         if line.strip() and not line.startswith("#"):
-            question, note, answer = line.split("\t")
-            rows.append((question.strip(), note.strip(), answer.strip()))
+            question, note, answer, *others = line.split("\t")
+            rows.append((question.strip(), note.strip(), answer.strip(), [o.strip() for o in others if o.strip()]))
     return rows
 
 
@@ -42,10 +45,10 @@ def passage_of(answer: str, n: int) -> str:
     return ""
 
 
-def measure(home: Path, file: Path, show_misses: bool) -> tuple[int, int, int]:
+def measure(home: Path, file: Path, show_misses: bool) -> tuple[int, int, int, int]:
     brain = Brain(home)
-    shown = note_only = 0
-    for question, note, answer in (rows := pairs(file)):
+    shown = note_only = another = 0
+    for question, note, answer, others in (rows := pairs(file)):
         response = brain.ask(question)
         cited = [c["n"] for c in response.citations  # a home may hold the vault one folder up (vault/…)
                  if (c.get("path") or "") == note or (c.get("path") or "").endswith("/" + note)]
@@ -54,11 +57,12 @@ def measure(home: Path, file: Path, show_misses: bool) -> tuple[int, int, int]:
             shown += 1
             continue
         note_only += bool(text)
+        another += any(" ".join(o.split()) in text for o in others)
         if show_misses:
             where = "note shown, line not" if text else f"note not shown ({response.mode})"
             print(f"  miss [{where}] {question} → {answer}\n    {text[:160]}")
     brain.close()
-    return len(rows), shown, note_only
+    return len(rows), shown, note_only, another
 
 
 def main() -> None:
@@ -68,19 +72,21 @@ def main() -> None:
     args = parser.parse_args()
     for name in [k for k in os.environ if k.startswith("LLM_")]:
         del os.environ[name]  # extractive answers are what is measured
-    totals = [0, 0, 0]
-    print("| pairs | asked | line shown | right note shown without the line | right note not shown |")
+    totals = [0, 0, 0, 0]
+    print("| pairs | asked | line shown | right note shown without the line (of which another answering line) | "
+          "right note not shown |")
     print("|---|---|---|---|---|")
     for spec in args.specs:
         home, _, file = spec.partition("=")
-        asked, shown, note_only = measure(Path(home), Path(file), args.misses)
-        for i, v in enumerate((asked, shown, note_only)):
-            totals[i] += v
-        print(f"| {Path(file).stem} | {asked} | {shown} ({shown / asked:.0%}) | {note_only} | "
-              f"{asked - shown - note_only} |", flush=True)
-    asked, shown, note_only = totals
-    print(f"| all | {asked} | {shown} ({shown / max(asked, 1):.0%}) | {note_only} | {asked - shown - note_only} |")
+        counts = measure(Path(home), Path(file), args.misses)
+        totals = [t + v for t, v in zip(totals, counts, strict=True)]
+        print(_row(Path(file).stem, *counts), flush=True)
+    print(_row("all", *totals))
 
+
+def _row(name: str, asked: int, shown: int, note_only: int, another: int) -> str:
+    return (f"| {name} | {asked} | {shown} ({shown / max(asked, 1):.0%}) | {note_only} ({another}) | "
+            f"{asked - shown - note_only} |")
 
 if __name__ == "__main__":
     main()
