@@ -61,13 +61,22 @@ def pointers(results: list[dict[str, Any]], weights: Mapping[str, float],
             for match, said, sentence in _links(str(chunk.get("text") or "")):
                 if share_held(said, weights) < POINTER_SHARE:
                     continue
-                target = resolve(match.group(2).strip().rstrip("\\").strip(), result)
+                target = next(filter(None, (resolve(name, result) for name in _names(match))), None)
                 if target is None or target == result["note_id"] or target in seen:
                     continue
                 seen.add(target)
                 heading = (match.group(3) or "").lstrip("#").strip()
                 found.append(Pointer(position, target, heading, _plain(readable_wikilinks(sentence))))
     return found
+
+
+def _names(match: re.Match[str]) -> list[str]:
+    """What a link may name: its target, then (Dendron writes `[[label|note]]`) what follows the pipe, without a
+    `dendron://vault/` prefix or a `#heading`."""
+    names = [match.group(2).strip().rstrip("\\").strip()]
+    if match.group(4):
+        names.append(re.sub(r"^dendron://[^/]*/", "", match.group(4).strip()).split("#")[0].strip())
+    return [n for n in names if n]
 
 
 def _links(text: str) -> Iterator[tuple[re.Match[str], str, str]]:

@@ -88,3 +88,10 @@ def test_each_linked_note_goes_above_the_note_whose_line_sent_it(home, make_vaul
     linked = {r["title"]: r["linked_from"]["title"] for r in results if r.get("linked_from")}
     assert linked == {"Incident": "周报", "Follow-up": "月报"}
     brain.close()
+
+
+def test_a_dendron_link_names_its_note_after_the_pipe():
+    """Dendron writes `[[label|note]]`, across vaults `[[label|dendron://vault/note#heading]]`: the label names no
+    note, what follows the pipe does."""
+    line = "- 支付超时事故的复盘，见 [[复盘|dendron://team/incident#timeline]]"
+    assert [p.target for p in pointers([result("n:meeting", line)], WEIGHTS, resolve)] == ["n:incident"]
