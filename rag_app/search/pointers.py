@@ -24,12 +24,14 @@ LINE_CHARS = 200  # of the pointing line, as results carry it
 @dataclass(frozen=True)
 class Pointer:
     """`source`: the position of the pointing result; `target`: the linked note's id; `heading`: the linked heading
-    (`[[note#heading]]`), if any; `line`: the pointing line as Obsidian shows it."""
+    (`[[note#heading]]`), if any; `line`: the pointing line as Obsidian shows it; `lacking`: the question's words
+    the line does not hold (the linked note must: see rag_app.search.retrieve)."""
 
     source: int
     target: str
     heading: str
     line: str
+    lacking: frozenset[str] = frozenset()
 
 
 def question_weights(question: str, idf: Callable[[str], float | None]) -> dict[str, float]:
@@ -37,14 +39,17 @@ def question_weights(question: str, idf: Callable[[str], float | None]) -> dict[
     return {t: w for t in dict.fromkeys(tokenize(question)) if not is_question_word(t) and (w := idf(t))}
 
 
-def share_held(text: str, weights: Mapping[str, float]) -> float:
-    """The share of the words' weight a text holds (a Chinese word counts inside a longer one: 事故 in 事故已复盘)."""
-    total = sum(weights.values())
-    if not total:
-        return 0.0
+def held(text: str, weights: Mapping[str, float]) -> set[str]:
+    """The words a text holds (a Chinese word counts inside a longer one: 事故 in 事故已复盘)."""
     tokens = set(tokenize(text))
     folded = to_simplified(text.lower())
-    return sum(w for t, w in weights.items() if t in tokens or (HAN_RUN.fullmatch(t) and t in folded)) / total
+    return {t for t in weights if t in tokens or (HAN_RUN.fullmatch(t) and t in folded)}
+
+
+def share_held(text: str, weights: Mapping[str, float]) -> float:
+    """The share of the words' weight a text holds."""
+    total = sum(weights.values())
+    return sum(weights[t] for t in held(text, weights)) / total if total else 0.0
 
 
 def pointers(results: list[dict[str, Any]], weights: Mapping[str, float],
@@ -61,12 +66,13 @@ def pointers(results: list[dict[str, Any]], weights: Mapping[str, float],
             for match, said, sentence in _links(str(chunk.get("text") or "")):
                 if share_held(said, weights) < POINTER_SHARE:
                     continue
+                lacking = frozenset(weights) - held(said, weights)
                 target = next(filter(None, (resolve(name, result) for name in _names(match))), None)
                 if target is None or target == result["note_id"] or target in seen:
                     continue
                 seen.add(target)
                 heading = (match.group(3) or "").lstrip("#").strip()
-                found.append(Pointer(position, target, heading, _plain(readable_wikilinks(sentence))))
+                found.append(Pointer(position, target, heading, _plain(readable_wikilinks(sentence)), lacking))
     return found
 
 

@@ -768,8 +768,8 @@ class NoteFusionRetriever(QueryFusionRetriever):
                       evidence: dict[str, list[tuple[str, dict[str, float]]]], pool: int) -> None:
         """A note a related-or-better result's matching line links to (rag_app.search.pointers) goes just above that
         result, as relevant as it (the line says the question's subject is there), with `linked_from` saying which
-        line sent it; one the filters hide stays out. Never changes the answer state: no relevance rises above the
-        pointing result's."""
+        line sent it; one the filters hide, or lacking a word of the question the line lacks too, stays out. Never
+        changes the answer state: no relevance rises above the pointing result's."""
         pointing = results[:POINTER_TOP]  # positions move as targets come in: the pointers name these
         moved = 0
         for pointer in pointers(pointing, question_weights(text, index.keyword().idf), index.resolve_link):
@@ -778,6 +778,8 @@ class NoteFusionRetriever(QueryFusionRetriever):
                 continue
             if allowed is not None and not _passes_filters(index, pointer.target, allowed):
                 continue
+            if not _holds(index, pointer.target, pointer.lacking):
+                continue  # "see [[GH Action Detail]]" for which *branch* GitHub publishes to: it names no branch
             ids = [r["note_id"] for r in results]
             if any(pointer.target in r["duplicates"] for r in results):
                 continue  # its text is a result's already
@@ -942,6 +944,17 @@ def _topic_results(index: SearchIndex, note_ids: list[str], best: dict[str, tupl
         chunk_id = next((c for _, h, c in chunks if h and h == best[note_id][1]), chunks[0][2])
         out.append(_result(note_id, index.nodes([(chunk_id, 0.0)]), terms))
     return out
+
+
+def _holds(index: SearchIndex, note_id: str, words: Iterable[str]) -> bool:
+    """Whether some chunk of a note holds each of the words."""
+    words = list(words)
+    entry = index.manifest.entries_for([note_id]).get(note_id) if words else None
+    if not words:
+        return True
+    if entry is None or not entry.chunk_ids:
+        return False
+    return bool(index.keyword().term_matrix(words, list(entry.chunk_ids))[1].any(axis=0).all())
 
 
 def _passes_filters(index: SearchIndex, note_id: str, allowed: set[str]) -> bool:

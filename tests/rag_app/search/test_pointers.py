@@ -95,3 +95,26 @@ def test_a_dendron_link_names_its_note_after_the_pipe():
     note, what follows the pipe does."""
     line = "- 支付超时事故的复盘，见 [[复盘|dendron://team/incident#timeline]]"
     assert [p.target for p in pointers([result("n:meeting", line)], WEIGHTS, resolve)] == ["n:incident"]
+
+
+def test_a_linked_note_must_hold_the_questions_words_its_line_lacks(home, make_vault):
+    """支付超时复盘的根因: the weekly's line holds 支付, 超时, 复盘 but not 根因, a word the home knows; the note it
+    links to is brought in only when it holds 根因 (a "see [[…]]" for the subject is not one for what is asked)."""
+    from rag_app.engine import Brain
+
+    def first_two(incident: str) -> list[str]:
+        notes = {"周报.md": "# 周报\n\n- 支付超时复盘已完成，详见 [[incident]]。\n",
+                 "incident.md": f"# Incident\n\n{incident}\n",
+                 "方法.md": "# 方法\n\n根因分析的方法很多，五个为什么是其中一种。\n"}
+        vault = make_vault(notes, name=f"v{len(incident)}")
+        own = home / f"h{len(incident)}"
+        own.mkdir(mode=0o700)
+        (own / "config.toml").write_text((home / "config.toml").read_text(encoding="utf-8"), encoding="utf-8")
+        brain = Brain(own)  # the fast model, as `home`
+        assert not brain.sync(vaults=(str(vault),)).failed
+        titles = [r["title"] for r in brain.search("支付超时复盘的根因", 3, expand=False).results[:2]]
+        brain.close()
+        return titles
+
+    assert first_two("The gateway dropped pooled connections.")[0] == "周报"
+    assert first_two("The gateway dropped pooled connections. 根因：连接池超时。") == ["Incident", "周报"]
