@@ -173,8 +173,8 @@ def brief_result(result: dict[str, Any], terms: set[str], detail: str, limit: in
         shaped["tags"] = result["tags"]
     if (result.get("topic") or {}).get("stands_out"):  # the one that decides a label; the rest are every note's
         shaped["topic"] = {"text": result["topic"]["text"], "similarity": result["topic"]["similarity"]}
-    if result.get("linked_from"):  # found because a line of that note, which holds the question's words, links here
-        shaped["linked_from"] = {"note_id": result["linked_from"]["note_id"], "line": result["linked_from"]["line"]}
+    if result.get("linked_from"):  # found because a sentence of that note, holding the question's words, links here
+        shaped["linked_from"] = {key: result["linked_from"][key] for key in ("note_id", "sentence")}
     if result.get("duplicates"):
         shaped["duplicates"] = result["duplicates"]
     if detail == "passages":

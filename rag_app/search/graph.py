@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
@@ -65,12 +66,17 @@ class LinkResolver:
                     self.keys.setdefault((source, name.lower()), []).append(note_id)
                     self.keys.setdefault(("*", name.lower()), []).append(note_id)
 
-    def resolve(self, raw: str, meta: dict[str, Any]) -> str | None:
-        if raw in self.notes:
+    def resolve(self, raw: str, meta: Mapping[str, Any], visible: Callable[[str], bool] | None = None) -> str | None:
+        """The note a link names, or None; with `visible`, among the notes it allows only (a search that may not
+        show a note resolves as if it were not there, so what it shows says nothing of the hidden one)."""
+        def shown(note_id: str) -> bool:
+            return visible is None or visible(note_id)
+
+        if raw in self.notes and shown(raw):
             return raw
         name = raw.strip().removesuffix(".md").lower()
         for scope in (str(meta.get("source") or ""), "*"):
-            found = self.keys.get((scope, name))
+            found = [n for n in self.keys.get((scope, name), []) if shown(n)]
             if found:
                 return sorted(found, key=len)[0]
         return None

@@ -16,7 +16,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -246,13 +246,15 @@ class SearchIndex:
         vectors = _unit(np.asarray(self._embeds[TOPIC_MODEL].get_text_embedding_batch(lines), dtype=np.float32))
         return (vectors @ query).tolist()
 
-    def resolve_link(self, target: str, linking: dict[str, Any]) -> str | None:
-        """The note a wikilink's target names, resolved as Obsidian does (rag_app.search.graph); every note's metadata
-        is read once per index generation, and only when a search follows a link."""
+    def resolve_link(self, target: str, linking: Mapping[str, Any],
+                     visible: Callable[[str], bool] | None = None) -> str | None:
+        """The note a wikilink's target names, resolved as Obsidian does (rag_app.search.graph), among the `visible`
+        notes when given; every note's metadata is read once per index generation, and only when a search follows
+        a link."""
         stamp = self.stamp
         if self._resolver is None or self._resolver[0] != stamp:
             self._resolver = (stamp, LinkResolver(self.manifest.note_metadata()))
-        return self._resolver[1].resolve(target, linking)
+        return self._resolver[1].resolve(target, linking, visible)
 
     def facts(self) -> list[NoteFacts]:
         """What filters look at, once per note (not per chunk: 100k chunks' metadata held 350 MB), reloaded when the
@@ -685,10 +687,10 @@ class NoteFusionRetriever(QueryFusionRetriever):
             # lookup the words answer never loads the fast model for it
             notes = {c.rpartition(":chunk:")[0] or c for c in allowed} if allowed is not None else None
             topics_used = self._by_topic(index, text, results, notes, evidence, pool)
+        self._follow_links(index, text, results, allowed, evidence, pool, (translated, heard))
         if down:  # the dense evidence was never gathered: what BM25 alone found is at most related
             for result in results:
                 result["relevance"] = min(result["relevance"], relevance.STRONG - 0.01)
-        self._follow_links(index, text, results, allowed, evidence, pool)
         for result in results:
             result["strength"] = relevance.strength(result["relevance"])
         results = relevance.reading_order(results)
@@ -765,40 +767,45 @@ class NoteFusionRetriever(QueryFusionRetriever):
         return True
 
     def _follow_links(self, index: SearchIndex, text: str, results: list[dict[str, Any]], allowed: set[str] | None,
-                      evidence: dict[str, list[tuple[str, dict[str, float]]]], pool: int) -> None:
-        """A note a related-or-better result's matching line links to (rag_app.search.pointers) goes just above that
-        result, as relevant as it (the line says the question's subject is there), with `linked_from` saying which
-        line sent it; one the filters hide, or lacking a word of the question the line lacks too, stays out. Never
-        changes the answer state: no relevance rises above the pointing result's."""
+                      evidence: dict[str, list[tuple[str, dict[str, float]]]], pool: int,
+                      translation: tuple[int | None, bool]) -> None:
+        """A note a related-or-better result's matching sentence links to (rag_app.search.pointers) goes just above
+        that result, at least as relevant as it (the sentence says the question's subject is there), with
+        `linked_from` saying which sentence sent it. Not followed: a link to a note the filters hide (resolved as if
+        it were not there), or lacking a word of the question the sentence lacks too; one that would push its
+        result out of the k shown; from a note that was itself brought in or moved this way, or back to one that
+        sent (one hop, no cycles). The answer state never changes: every source is already related or better."""
         pointing = results[:POINTER_TOP]  # positions move as targets come in: the pointers name these
-        moved = 0
-        for pointer in pointers(pointing, question_weights(text, index.keyword().idf), index.resolve_link):
-            source = pointing[pointer.source]
-            if moved >= MAX_POINTED or source["relevance"] < relevance.RELATED:
+        eligible = [r["relevance"] >= relevance.RELATED for r in pointing]  # before any is raised by a link
+        visible = None if allowed is None else (lambda note: _passes_filters(index, note, allowed))
+        weights = question_weights(text, index.keyword().idf)
+        brought: set[str] = set()
+        senders: set[str] = set()
+        for pointer in pointers(pointing, weights, lambda name, linking: index.resolve_link(name, linking, visible)):
+            source, target_id = pointing[pointer.source], pointer.target
+            if (len(brought) >= MAX_POINTED or not eligible[pointer.source] or source["note_id"] in brought
+                    or target_id in brought | senders or any(target_id in r["duplicates"] for r in results)
+                    or results.index(source) + 1 >= self.similarity_top_k
+                    or not _holds(index, target_id, pointer.lacking)):
                 continue
-            if allowed is not None and not _passes_filters(index, pointer.target, allowed):
-                continue
-            if not _holds(index, pointer.target, pointer.lacking):
-                continue  # "see [[GH Action Detail]]" for which *branch* GitHub publishes to: it names no branch
             ids = [r["note_id"] for r in results]
-            if any(pointer.target in r["duplicates"] for r in results):
-                continue  # its text is a result's already
-            if pointer.target in ids:
-                if ids.index(pointer.target) < ids.index(source["note_id"]):
+            if target_id in ids:
+                if ids.index(target_id) < ids.index(source["note_id"]):
                     continue
-                target = results.pop(ids.index(pointer.target))
+                target = results.pop(ids.index(target_id))
             else:
-                joined = _linked_results(index, pointer.target, pointer.heading, text)
-                if not joined:
+                target = _linked_result(index, target_id, pointer.heading, text)
+                if target is None:
                     continue
-                target = joined[0]
-                evidence.update(note_evidence(index, self, [pointer.target], pool))
-                rate(target, evidence[pointer.target])
+                evidence.update(note_evidence(index, self, [target_id], pool))
+                rate(target, evidence[target_id], *translation)
             target["relevance"] = max(target["relevance"], source["relevance"])
             target["score"] = source["score"]
-            target["linked_from"] = {"note_id": source["note_id"], "title": source["title"], "line": pointer.line}
+            target["linked_from"] = {"note_id": source["note_id"], "title": source["title"],
+                                     "sentence": pointer.sentence}
             results.insert(results.index(source), target)
-            moved += 1
+            brought.add(target_id)
+            senders.add(source["note_id"])
         del results[self.similarity_top_k:]
 
     def _translation(self, index: SearchIndex, text: str, mode: str,
@@ -962,14 +969,14 @@ def _passes_filters(index: SearchIndex, note_id: str, allowed: set[str]) -> bool
     return entry is not None and any(c in allowed for c in entry.chunk_ids)
 
 
-def _linked_results(index: SearchIndex, note_id: str, heading: str, query: str) -> list[dict[str, Any]]:
+def _linked_result(index: SearchIndex, note_id: str, heading: str, query: str) -> dict[str, Any] | None:
     """A result for a note a link brought in: the chunk under the linked heading, else its first."""
     chunks = sorted((int(meta.get("chunk", 0)), str(meta.get("heading") or "").rsplit(" › ", 1)[-1], chunk_id)
                     for chunk_id, _, _, meta in index.manifest.chunks_for_notes([note_id]))
     if not chunks:
-        return []
+        return None
     chunk_id = next((c for _, h, c in chunks if heading and h.lower() == heading.lower()), chunks[0][2])
-    return [_result(note_id, index.nodes([(chunk_id, 0.0)]), [w.lower() for w in query_words(query, True)])]
+    return _result(note_id, index.nodes([(chunk_id, 0.0)]), [w.lower() for w in query_words(query, True)])
 
 
 def rate(result: dict[str, Any], runs: list[tuple[str, dict[str, float]]], translated: int | None = None,

@@ -428,7 +428,7 @@ def _print_results(response: Any) -> None:
         click.echo(f"    {_plain(readable_excerpt(result['excerpt'])[:200])}")
         if result.get("linked_from"):
             linked = result["linked_from"]
-            click.echo(f"    ↳ linked from {_plain(linked['title'])}: {_plain(linked['line'])}")
+            click.echo(f"    ↳ linked from {_plain(linked['title'])}: {_plain(linked['sentence'])}")
 
 
 @main.command("ask", short_help="Answer from your notes, citing them as [n].")

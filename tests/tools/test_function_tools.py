@@ -242,4 +242,4 @@ def test_an_agent_is_told_which_line_sent_it_to_a_linked_note(sample_tools):
     reply = call(sample_tools["search_notes"], query="支付超时事故的根因是什么")
     first, second = reply["results"][:2]
     assert first["path"].endswith("incident-2024-03-payment-timeout.md") and first["strength"] == "strong"
-    assert first["linked_from"]["note_id"] == second["note_id"] and "详见" in first["linked_from"]["line"]
+    assert first["linked_from"]["note_id"] == second["note_id"] and "详见" in first["linked_from"]["sentence"]
