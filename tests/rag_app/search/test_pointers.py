@@ -200,3 +200,19 @@ def test_a_search_that_may_not_show_a_note_resolves_links_as_if_it_were_not_ther
     assert resolver.resolve("牙医账单", {"source": "memos"}) == "memos:1"
     assert resolver.resolve("牙医账单", {"source": "memos"}, lambda n: n != "memos:1") == "vault:v/牙医账单.md"
     assert resolver.resolve("memos:1", {"source": "memos"}, lambda n: n != "memos:1") is None
+
+
+def test_a_note_a_link_raised_does_not_send_on(home, make_vault):
+    """甲 (found) links to 乙, which only links on to 丙: 乙 comes in, 丙 does not (one hop)."""
+    from rag_app.engine import Brain
+
+    brain = Brain(home)
+    vault = make_vault({"甲.md": "# 甲\n\n支付超时复盘，详见 [[乙]]。\n",
+                        "乙.md": "# 乙\n\n见下。\n\n- 支付超时复盘的细节，详见 [[丙]]。\n",
+                        "丙.md": "# 丙\n\nThe gateway dropped pooled connections.\n",
+                        "其他.md": "# 其他\n\n今天去公园散步。\n"})
+    assert not brain.sync(vaults=(str(vault),)).failed
+    results = brain.search("支付超时复盘", 5, expand=False).results
+    linked = {r["title"]: r["linked_from"]["title"] for r in results if r.get("linked_from")}
+    assert linked == {"乙": "甲"}
+    brain.close()
