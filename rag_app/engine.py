@@ -553,7 +553,9 @@ class Brain:
             index = self.searcher()
             if self._graph is None or self._graph[0] != index.stamp:
                 metadata = index.manifest.note_metadata()
-                self._graph = (index.stamp, LinkGraph.build(metadata), metadata)
+                text_of = index.manifest.note_doc  # read only for a note whose link did not resolve
+                graph = LinkGraph.build(metadata, lambda note: (text_of(note) or ("",))[0])
+                self._graph = (index.stamp, graph, metadata)
             return self._graph[1], self._graph[2]
 
     def get_note(self, note_id: str, max_chars: int = 20_000, audience: str = "user",

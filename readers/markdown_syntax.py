@@ -122,6 +122,12 @@ def parse_wikilinks(text: str) -> list[WikiLink]:
     return links
 
 
+def piped_target(alias: str) -> str:
+    """The note a link's text after the pipe names when the link is Dendron's `[[label|note]]` (or, across vaults,
+    `[[label|dendron://vault/note#heading]]`): the note, without the vault prefix or a heading."""
+    return re.sub(r"^dendron://[^/]*/", "", alias.strip()).split("#")[0].strip()
+
+
 def wikilink_shown(match: re.Match[str]) -> str:
     """What Obsidian shows for a WIKILINK match: its alias, else its target and heading (`note › heading`, nested
     headings joined the same way, a block reference's ^ dropped); a pipe escaped in a table (`[[note\\|alias]]`)

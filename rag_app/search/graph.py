@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
+from readers.markdown_syntax import parse_wikilinks, piped_target
 from readers.records import decode_list
 
 
@@ -18,15 +19,21 @@ class LinkGraph:
     private: set[str] = field(default_factory=set)  # PRIVATE memos: shells hide them from agents unless allowed
 
     @staticmethod
-    def build(notes: dict[str, dict[str, Any]]) -> LinkGraph:
+    def build(notes: dict[str, dict[str, Any]], text_of: Callable[[str], str] | None = None) -> LinkGraph:
+        """The graph of every note's links. With `text_of` (a note's text), a link its target does not resolve is
+        read again from the note: Dendron writes `[[label|note]]`, and the label is what the metadata keeps."""
         graph = LinkGraph()
         resolver = LinkResolver(notes)
         for note_id, meta in notes.items():
             if meta.get("kind") == "memos" and meta.get("visibility") == "PRIVATE":
                 graph.private.add(note_id)
             targets: list[str] = []
+            piped: dict[str, list[str]] | None = None
             for raw in decode_list(meta.get("links")):
                 target = resolver.resolve(raw, meta)
+                if target is None and text_of is not None:
+                    piped = _piped(text_of(note_id)) if piped is None else piped
+                    target = next(filter(None, (resolver.resolve(n, meta) for n in piped.get(raw, ()))), None)
                 if target is None:
                     graph.broken.setdefault(note_id, []).append(raw)
                 elif target != note_id and target not in targets:
@@ -46,6 +53,15 @@ class LinkGraph:
             "broken_links": sum(len(v) for v in self.broken.values()),
             "orphans": sum(1 for n, out in self.outgoing.items() if not out and not self.backlinks.get(n)),
         }
+
+
+def _piped(text: str) -> dict[str, list[str]]:
+    """Per link target as the metadata keeps it, the notes the text after its pipes may name."""
+    names: dict[str, list[str]] = {}
+    for link in parse_wikilinks(text):
+        if link.alias and (name := piped_target(link.alias)):
+            names.setdefault(link.target, []).append(name)
+    return names
 
 
 class LinkResolver:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rag_app.index.keyword import HAN_RUN, is_question_word, to_simplified, tokenize
-from readers.markdown_syntax import WIKILINK, readable_wikilinks, strip_code, wikilink_shown
+from readers.markdown_syntax import WIKILINK, piped_target, readable_wikilinks, strip_code, wikilink_shown
 
 POINTER_TOP = 3  # the first results whose lines may point
 POINTER_SHARE = 0.6  # of the question's word weight (IDF) the pointing text must hold
@@ -75,11 +75,10 @@ def pointers(results: list[dict[str, Any]], weights: Mapping[str, float],
 
 
 def _names(match: re.Match[str]) -> list[str]:
-    """What a link may name: its target, then (Dendron writes `[[label|note]]`) what follows the pipe, without a
-    `dendron://vault/` prefix or a `#heading`."""
+    """What a link may name: its target, then (Dendron writes `[[label|note]]`) what follows the pipe."""
     names = [match.group(2).strip().rstrip("\\").strip()]
     if match.group(4):
-        names.append(re.sub(r"^dendron://[^/]*/", "", match.group(4).strip()).split("#")[0].strip())
+        names.append(piped_target(match.group(4)))
     return [n for n in names if n]
 
 

@@ -37,3 +37,21 @@ def test_note_ids_only_never_paths(sample_brain, bad):
 def test_unknown_note_is_not_found(sample_brain):
     with pytest.raises(NoteNotFound):
         sample_brain.get_note("vault:sample_vault/nope.md")
+
+
+def test_a_dendron_link_names_its_note_after_the_pipe(home, make_vault):
+    """Dendron writes `[[label|note]]` and, across vaults, `[[label|dendron://vault/note#heading]]`: the note after
+    the pipe is linked, not the label; a link that names no note either way stays broken."""
+    from rag_app.engine import Brain
+
+    vault = make_vault({
+        "dendron.topic.pod.md": "# Pods\n\nImport and export.\n",
+        "dendron.topic.seeds.md": "# Seeds\n\nSeeds differ from [[pods|dendron.topic.pod]]; see [[the docs|"
+                                  "dendron://dendron.dendron-site/dendron.topic.pod#usage]] and [[nowhere]].\n",
+    }, name="vault")
+    brain = Brain(home)
+    assert not brain.sync(vaults=(str(vault),)).failed
+    seeds = brain.get_note("vault:vault/dendron.topic.seeds.md")
+    assert seeds["links"] == ["vault:vault/dendron.topic.pod.md"] and seeds["broken_links"] == ["nowhere"]
+    assert "vault:vault/dendron.topic.seeds.md" in brain.get_note("vault:vault/dendron.topic.pod.md")["backlinks"]
+    brain.close()
