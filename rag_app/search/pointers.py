@@ -1,5 +1,5 @@
-"""Links a found note points through: a line of a top result that holds the question's words and links to another
-note names the note that holds them ("支付超时事故已复盘，详见 [[incident-2024-03-payment-timeout]]" for
+"""Links a found note points through: a sentence of a top result that holds the question's words and links to
+another note names the note that holds them ("支付超时事故已复盘，详见 [[incident-2024-03-payment-timeout]]" for
 支付超时事故的根因是什么; an index's "[[incident-2024-03-payment-timeout|三月支付超时事故]]"). Obsidian users write such
 lines to send the reader on; the linked note (in English here, so neither BM25 nor e5 found it) is put where the
 reader would go next: just above the note that points to it.
@@ -15,7 +15,7 @@ from typing import Any
 from rag_app.index.keyword import HAN_RUN, is_question_word, to_simplified, tokenize
 from readers.markdown_syntax import WIKILINK, piped_target, readable_wikilinks, strip_code, wikilink_shown
 
-POINTER_TOP = 3  # the first results whose lines may point
+POINTER_TOP = 3  # the first results whose sentences may point
 POINTER_SHARE = 0.6  # of the question's word weight (IDF) the pointing text must hold
 MAX_POINTED = 2  # notes one search may bring in this way
 SENTENCE_CHARS = 200  # of the pointing sentence, as results carry it
