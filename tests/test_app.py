@@ -805,3 +805,9 @@ def test_a_source_found_through_another_ones_link_says_so() -> None:
             "strength": "strong", "linked_from": "周会纪要 *2024*"}
     head = app.sources_markdown([note], {1}, obsidian=False, excerpts=False, turn=0).splitlines()[2]
     assert head.endswith(rf"{STRONG} · linked from 周会纪要 \*2024\*")
+
+
+def test_filters_no_note_matches_get_no_relevance_badge() -> None:
+    """Nothing was searched: the answer names the filters, and no "not in your notes" badge says otherwise."""
+    turn = {"mode": "not_found", "citations": [], "coverage": {"not_found": True, "no_note_matches_filters": True}}
+    assert app.answer_strength(turn) is None

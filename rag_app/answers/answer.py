@@ -148,6 +148,18 @@ def unsure_answer(citations: list[dict[str, Any]], leads: int = 3) -> str:
     return "\n".join(lines)
 
 
+def no_match_answer(filters: dict[str, Any]) -> str:
+    """What an answer says when its filters leave no note to search: which filters, not "not in your notes"."""
+    return f"No note matches the filters ({filters_text(filters)}): nothing was searched. / 没有符合筛选条件的笔记。"
+
+
+def filters_text(filters: dict[str, Any]) -> str:
+    """A search's filters as a person reads them: "tag: nosuch; since: 2024-01-01"."""
+    names = {"sources": "source", "tags": "tag", "path_prefix": "folder", "since": "since", "until": "until"}
+    return "; ".join(f"{names[key]}: {', '.join(value) if isinstance(value, list) else value}"
+                     for key, value in filters.items() if value and key in names)
+
+
 def not_found_answer(citations: list[dict[str, Any]], leads: int = 3) -> str:
     """What an answer says when no note seems to hold it: that, plainly, then the nearest notes as leads, not as an
     answer (no passage is quoted as if it answered)."""

@@ -142,6 +142,8 @@ class Asker:
         mode = "extractive"
         if coverage.get("empty_index"):
             text = answers.NO_NOTES
+        elif coverage.get("no_note_matches_filters"):
+            text, mode = answers.no_match_answer(coverage["filters"]), "not_found"
         elif found.not_found:
             text, mode = answers.not_found_answer(citations), "not_found"
         elif unsure:

@@ -712,6 +712,8 @@ class NoteFusionRetriever(QueryFusionRetriever):
         }
         if down:
             coverage["store_down"] = down[0]
+        if allowed is not None and not allowed and any(filters.to_dict().values()):
+            coverage["no_note_matches_filters"] = True  # a typo'd tag is not "not in your notes": nothing was searched
         state = relevance.answer_state(results)
         return SearchResponse(query, results, coverage,
                               {"total_ms": total_ms, "embed_ms": index.timing.embed_ms,

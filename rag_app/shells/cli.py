@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 import click
 
-from rag_app.answers.answer import NOT_FOUND, UNSURE, AnswerResponse, readable_excerpt
+from rag_app.answers.answer import NOT_FOUND, UNSURE, AnswerResponse, filters_text, readable_excerpt
 from rag_app.answers.llm import missing_message
 from rag_app.engine import (
     BackgroundWatch,
@@ -419,7 +419,10 @@ def _print_results(response: Any) -> None:
     for line in _search_lines(response.coverage):
         click.echo(line)
     if not response.results:
-        click.echo("no matching notes")
+        if response.coverage.get("no_note_matches_filters"):
+            click.echo(f"no note matches the filters ({_plain(filters_text(response.coverage['filters']))})")
+        else:
+            click.echo("no matching notes")
         return
     for n, result in enumerate(response.results, 1):
         where = result["note_id"] + (f"  {result['url']}" if result.get("url") else "")  # the id `brain get` takes

@@ -502,9 +502,9 @@ def strength_badge(strength: str) -> str:
 def answer_strength(turn: dict[str, Any]) -> str | None:
     """An answer's relevance state: "not-found" when the engine found nothing close, "unsure" when only leads it is
     not sure about, else the best strength among its sources; None when there was nothing to search (an empty
-    index)."""
+    index, or filters no note matches)."""
     coverage = turn.get("coverage") or {}
-    if coverage.get("empty_index"):
+    if coverage.get("empty_index") or coverage.get("no_note_matches_filters"):
         return None
     if coverage.get("answer_state") == "unsure" or turn.get("mode") == "unsure":
         return "unsure"

@@ -506,6 +506,18 @@ def test_search_says_which_line_sent_it_to_a_linked_note(sample_home):
     assert lines[3].startswith(" 2. 周会纪要 2024-04-08")
 
 
+def test_filters_no_note_matches_are_said_not_called_not_in_your_notes(sample_home):
+    """A typo'd tag leaves nothing to search: `ask` and `search` name the filters instead of "not in your notes"."""
+    asked = brain(sample_home, "ask", "手冲咖啡水温多少度", "--tag", "咖啡豆子")
+    assert asked.returncode == 0 and asked.stdout.startswith("No note matches the filters (tag: 咖啡豆子)")
+    found = brain(sample_home, "search", "手冲咖啡水温多少度", "--tag", "咖啡豆子", "--since", "2024-01-01")
+    assert found.stdout.strip() == "no note matches the filters (tag: 咖啡豆子; since: 2024-01-01)"
+    replied = json.loads(brain(sample_home, "ask", "手冲咖啡水温多少度", "--tag", "咖啡豆子", "--json").stdout)
+    assert replied["coverage"]["no_note_matches_filters"] is True and replied["mode"] == "not_found"
+    kept = json.loads(brain(sample_home, "search", "手冲咖啡水温多少度", "--tag", "咖啡", "--json").stdout)
+    assert "no_note_matches_filters" not in kept["coverage"] and kept["results"]
+
+
 def test_a_lead_the_engine_is_not_sure_of_is_said_as_such(sample_home):
     """"What did I eat in Chengdu?" asks an English question of a Chinese note: its topic (成都) stands out, the
     words and the passages do not; the CLI says it is not sure and names the closest notes."""
