@@ -58,6 +58,7 @@ def run(index: SearchIndex, questions: list[dict], doc_of, mode: str,
     for q in questions:
         response = search(index, q["text"], k=10, mode=mode, filters=filters)
         out.append({**q, "state": response.answer_state, "ms": response.timing["total_ms"],
+                    "linked": any(r.get("linked_from") for r in response.results),
                     "results": [{"doc": doc_of(r), "relevance": r["relevance"], "topic": r.get("topic"),
                                  "second_opinion": r.get("second_opinion", 0.0)} for r in response.results]})
     return out
@@ -93,6 +94,11 @@ def table_row(label: str, rows: list[dict]) -> str:
     cells.append("; ".join(parts))
     cells.append(f"{statistics.median(q['ms'] for q in rows):.0f}")
     return "| " + " | ".join(cells) + " |"
+
+
+def linked_line(label: str, rows: list[dict]) -> str:
+    """How many questions a found note's sentence sent on to a linked note (rag_app.search.pointers)."""
+    return f"  {label}: {sum(q['linked'] for q in rows)} of {len(rows)} questions"
 
 
 def lead_sweep(label: str, rows: list[dict], leads=(0.01, 0.02, 0.03, 0.05, 0.1)) -> str:
@@ -132,6 +138,7 @@ def main() -> None:
           "found / not_found / unsure | ms p50 |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     sweeps: list[str] = []
+    linked: list[str] = []
     dumped: dict[str, list[dict]] = {}
     for spec in args.specs:
         if "=" in spec:  # a vault's home and its topical file
@@ -145,6 +152,7 @@ def main() -> None:
                 dumped[f"{Path(file).stem} / {config}"] = rows
                 print(table_row(f"{Path(file).stem} / {config}", rows), flush=True)
                 sweeps.append(lead_sweep(f"{Path(file).stem} / {config}", rows))
+                linked.append(linked_line(f"{Path(file).stem} / {config}", rows))
                 index.close()
             continue
         name, _, extra = spec.partition("+")
@@ -166,8 +174,10 @@ def main() -> None:
                 print(table_row(f"{name} / {config} / {kind} only",
                                 [q for q in rows if q["answerable"] and q["origin"] == kind]), flush=True)
             sweeps.append(lead_sweep(f"{name} / {config}", rows))
+            linked.append(linked_line(f"{name} / {config}", rows))
             index.close()
     print("\n".join(["", "LEAD sweep:"] + sweeps))
+    print("\n".join(["", "A found note's sentence sent the search on to a linked note:"] + linked))
     if args.dump:
         Path(args.dump).write_text(json.dumps(dumped, ensure_ascii=False), encoding="utf-8")
 

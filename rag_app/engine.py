@@ -552,10 +552,10 @@ class Brain:
         with self._lock:
             index = self.searcher()
             if self._graph is None or self._graph[0] != index.stamp:
-                metadata = index.manifest.note_metadata()
+                resolver = index.link_resolver()  # every note's metadata, read once for searches and the graph
                 text_of = index.manifest.note_doc  # read only for a note whose link did not resolve
-                graph = LinkGraph.build(metadata, lambda note: (text_of(note) or ("",))[0])
-                self._graph = (index.stamp, graph, metadata)
+                graph = LinkGraph.build(resolver.notes, lambda note: (text_of(note) or ("",))[0], resolver)
+                self._graph = (index.stamp, graph, resolver.notes)
             return self._graph[1], self._graph[2]
 
     def get_note(self, note_id: str, max_chars: int = 20_000, audience: str = "user",

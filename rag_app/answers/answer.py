@@ -325,15 +325,16 @@ def _fit_code(block: _Block, limit: int, prefer: str | None) -> _Block:
 
 
 def _code_centre(inner: list[str], prefer: str | None) -> int:
-    """The index in `inner` of the line a `_units` window (a line with the ones beside it) was read for."""
-    if not prefer or not inner:
-        return 0
+    """The index in `inner` of the line whose window (`_code_windows`) is `prefer`, else 0."""
+    return next((k for k, window in _code_windows(inner) if window == prefer), 0)
+
+
+def _code_windows(inner: list[str]) -> list[tuple[int, str]]:
+    """Each non-blank line of a code block's body (its index in `inner`) with the lines beside it, as `_units` reads
+    code."""
     body = [(k, line.strip()) for k, line in enumerate(inner) if line.strip()]
-    window = prefer.split("\n")
-    for j in range(len(body)):
-        if [text for _, text in body[j:j + len(window)]] == window:
-            return body[min(j + (1 if len(window) == 3 or j > 0 else 0), len(body) - 1)][0]
-    return 0
+    texts = [text for _, text in body]
+    return [(k, "\n".join(texts[max(n - 1, 0):n + 2])) for n, (k, _) in enumerate(body)]
 
 
 _MARK_ONLY = re.compile(r"^\s*(?:[-*+]|\d{1,3}[.)])\s*$")  # "7. " cut off an item as if a sentence
@@ -349,8 +350,7 @@ def _units(block: _Block) -> list[str]:
     if block.kind == "text":
         return [s.strip() for s in line_sentences(block.text)]
     if block.kind == "code":  # a log or a config answers by a line read with its neighbours (a comment, the keys
-        body = [line.strip() for line in block.lines[1:-1] if line.strip()]  # beside), not by a whole dump's words
-        return ["\n".join(body[max(k - 1, 0):k + 2]) for k in range(len(body))] or [block.text]
+        return [window for _, window in _code_windows(block.lines[1:-1])] or [block.text]  # beside), not by its words
     if block.kind == "item":  # an item of several sentences is read whole and per sentence
         pieces = [s.strip() for s in line_sentences(block.text) if s.strip() and not _MARK_ONLY.match(s)]
         return [block.text, *pieces] if len(pieces) > 1 else [block.text]

@@ -19,11 +19,13 @@ class LinkGraph:
     private: set[str] = field(default_factory=set)  # PRIVATE memos: shells hide them from agents unless allowed
 
     @staticmethod
-    def build(notes: dict[str, dict[str, Any]], text_of: Callable[[str], str] | None = None) -> LinkGraph:
-        """The graph of every note's links. With `text_of` (a note's text), a link its target does not resolve is
-        read again from the note: Dendron writes `[[label|note]]`, and the label is what the metadata keeps."""
+    def build(notes: dict[str, dict[str, Any]], text_of: Callable[[str], str] | None = None,
+              resolver: LinkResolver | None = None) -> LinkGraph:
+        """The graph of every note's links (`resolver`: one already made over these notes). With `text_of` (a
+        note's text), a link its target does not resolve is read again from the note: Dendron writes
+        `[[label|note]]`, and the label is what the metadata keeps."""
         graph = LinkGraph()
-        resolver = LinkResolver(notes)
+        resolver = resolver or LinkResolver(notes)
         for note_id, meta in notes.items():
             if meta.get("kind") == "memos" and meta.get("visibility") == "PRIVATE":
                 graph.private.add(note_id)

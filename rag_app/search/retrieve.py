@@ -16,7 +16,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -246,15 +246,13 @@ class SearchIndex:
         vectors = _unit(np.asarray(self._embeds[TOPIC_MODEL].get_text_embedding_batch(lines), dtype=np.float32))
         return (vectors @ query).tolist()
 
-    def resolve_link(self, target: str, linking: Mapping[str, Any],
-                     visible: Callable[[str], bool] | None = None) -> str | None:
-        """The note a wikilink's target names, resolved as Obsidian does (rag_app.search.graph), among the `visible`
-        notes when given; every note's metadata is read once per index generation, and only when a search follows
-        a link."""
+    def link_resolver(self) -> LinkResolver:
+        """Obsidian's link resolution over every note (rag_app.search.graph), whose metadata it holds: read once per
+        index generation, when a search follows a link or the engine builds the link graph."""
         stamp = self.stamp
         if self._resolver is None or self._resolver[0] != stamp:
             self._resolver = (stamp, LinkResolver(self.manifest.note_metadata()))
-        return self._resolver[1].resolve(target, linking, visible)
+        return self._resolver[1]
 
     def facts(self) -> list[NoteFacts]:
         """What filters look at, once per note (not per chunk: 100k chunks' metadata held 350 MB), reloaded when the
@@ -750,7 +748,7 @@ class NoteFusionRetriever(QueryFusionRetriever):
             known = {r["note_id"] for r in results}
             joining = [note for note, _ in ranked[:TOPIC_CHANNEL] if note not in known]
             if joining:
-                results.extend(_topic_results(index, joining, best, text))
+                results.extend(_passage_results(index, {note: best[note][1] for note in joining}, text))
                 added = note_evidence(index, self, joining, pool)
                 evidence.update(added)
                 for result in results[-len(joining):]:
@@ -783,7 +781,8 @@ class NoteFusionRetriever(QueryFusionRetriever):
         weights = question_weights(text, index.keyword().idf)
         brought: set[str] = set()
         senders: set[str] = set()
-        for pointer in pointers(pointing, weights, lambda name, linking: index.resolve_link(name, linking, visible)):
+        resolver = index.link_resolver()
+        for pointer in pointers(pointing, weights, lambda name, linking: resolver.resolve(name, linking, visible)):
             source, target_id = pointing[pointer.source], pointer.target
             if (len(brought) >= MAX_POINTED or not eligible[pointer.source] or source["note_id"] in brought
                     or target_id in brought | senders or any(target_id in r["duplicates"] for r in results)
@@ -796,9 +795,10 @@ class NoteFusionRetriever(QueryFusionRetriever):
                     continue
                 target = results.pop(ids.index(target_id))
             else:
-                target = _linked_result(index, target_id, pointer.heading, text)
-                if target is None:
+                joined = _passage_results(index, {target_id: pointer.heading}, text)
+                if not joined:
                     continue
+                target = joined[0]
                 evidence.update(note_evidence(index, self, [target_id], pool))
                 rate(target, evidence[target_id], *translation)
             target["relevance"] = max(target["relevance"], source["relevance"])
@@ -937,20 +937,20 @@ def _known_share(keyword: KeywordIndex, text: str) -> float:
     return sum(keyword.idf(t) is not None for t in tokens) / len(tokens) if tokens else 0.0
 
 
-def _topic_results(index: SearchIndex, note_ids: list[str], best: dict[str, tuple[float, str]],
-                   query: str) -> list[dict[str, Any]]:
-    """Results for notes found by their topics alone: the passage under the matched heading, else the first one."""
+def _passage_results(index: SearchIndex, headings: dict[str, str], query: str) -> list[dict[str, Any]]:
+    """Results for notes found by other means than their chunks (a topic, a link): per note of `headings`, the
+    passage under the heading named for it, else its first."""
     rows: dict[str, list[tuple[int, str, str]]] = {}
-    for chunk_id, note_id, _, meta in index.manifest.chunks_for_notes(note_ids):
+    for chunk_id, note_id, _, meta in index.manifest.chunks_for_notes(list(headings)):
         heading = str(meta.get("heading") or "").rsplit(" › ", 1)[-1]
-        rows.setdefault(note_id, []).append((int(meta.get("chunk", 0)), heading, chunk_id))
+        rows.setdefault(note_id, []).append((int(meta.get("chunk", 0)), heading.lower(), chunk_id))
     out = []
     terms = [w.lower() for w in query_words(query, both_scripts=True)]
-    for note_id in note_ids:
+    for note_id, wanted in headings.items():
         chunks = sorted(rows.get(note_id, []))
         if not chunks:
             continue
-        chunk_id = next((c for _, h, c in chunks if h and h == best[note_id][1]), chunks[0][2])
+        chunk_id = next((c for _, h, c in chunks if h and h == wanted.lower()), chunks[0][2])
         out.append(_result(note_id, index.nodes([(chunk_id, 0.0)]), terms))
     return out
 
@@ -958,27 +958,15 @@ def _topic_results(index: SearchIndex, note_ids: list[str], best: dict[str, tupl
 def _holds(index: SearchIndex, note_id: str, words: Iterable[str]) -> bool:
     """Whether some chunk of a note holds each of the words."""
     words = list(words)
-    entry = index.manifest.entries_for([note_id]).get(note_id) if words else None
     if not words:
         return True
-    if entry is None or not entry.chunk_ids:
-        return False
-    return bool(index.keyword().term_matrix(words, list(entry.chunk_ids))[1].any(axis=0).all())
+    entry = index.manifest.entries_for([note_id]).get(note_id)
+    return entry is not None and bool(index.keyword().term_matrix(words, list(entry.chunk_ids))[1].any(axis=0).all())
 
 
 def _passes_filters(index: SearchIndex, note_id: str, allowed: set[str]) -> bool:
     entry = index.manifest.entries_for([note_id]).get(note_id)
     return entry is not None and any(c in allowed for c in entry.chunk_ids)
-
-
-def _linked_result(index: SearchIndex, note_id: str, heading: str, query: str) -> dict[str, Any] | None:
-    """A result for a note a link brought in: the chunk under the linked heading, else its first."""
-    chunks = sorted((int(meta.get("chunk", 0)), str(meta.get("heading") or "").rsplit(" › ", 1)[-1], chunk_id)
-                    for chunk_id, _, _, meta in index.manifest.chunks_for_notes([note_id]))
-    if not chunks:
-        return None
-    chunk_id = next((c for _, h, c in chunks if heading and h.lower() == heading.lower()), chunks[0][2])
-    return _result(note_id, index.nodes([(chunk_id, 0.0)]), [w.lower() for w in query_words(query, True)])
 
 
 def rate(result: dict[str, Any], runs: list[tuple[str, dict[str, float]]], translated: int | None = None,
