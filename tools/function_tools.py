@@ -53,7 +53,8 @@ MAX_REPLY_BYTES = 256_000  # one reply, whatever the notes hold; beyond it `repl
 MAX_CUT_PATHS = 20
 RELATED_K = 8
 COVERAGE_KEYS = ("queries", "filters", "time_phrase", "channels", "filling_vectors", "freshness", "not_found",
-                 "topics", "translation", "translation_language", "store_down", "no_note_matches_filters")
+                 "topics", "translation", "translation_language", "store_down", "no_note_matches_filters",
+                 "unmentioned")
 NOTE_ID_HINT = "note ids come from search_notes or related_notes results (never a file path)"
 INTERNAL_HINT = "retry once; if it fails again, tell the user (details in brain.log; brain doctor checks the index)"
 

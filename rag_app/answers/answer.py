@@ -160,10 +160,14 @@ def filters_text(filters: dict[str, Any]) -> str:
                      for key, value in filters.items() if value and key in names)
 
 
-def not_found_answer(citations: list[dict[str, Any]], leads: int = 3) -> str:
-    """What an answer says when no note seems to hold it: that, plainly, then the nearest notes as leads, not as an
-    answer (no passage is quoted as if it answered)."""
+def not_found_answer(citations: list[dict[str, Any]], leads: int = 3, unmentioned: list[str] | None = None) -> str:
+    """What an answer says when no note seems to hold it: that, plainly, and why when the question names a thing no
+    note mentions (`unmentioned`: a typo shows there too), then the nearest notes as leads, not as an answer (no
+    passage is quoted as if it answered)."""
     lines = [NOT_FOUND]
+    if unmentioned:
+        names = ", ".join(readable_inline(n) for n in unmentioned)
+        lines.append(f"No note mentions {names}. / 笔记里没有提到 {names}。")
     if citations:
         lines += ["", "Nearest leads (not an answer; open one to check):"]
         lines += [f"- {readable_inline(str(c['title'] or ''))} [{c['n']}]" for c in citations[:leads]]

@@ -145,7 +145,7 @@ class Asker:
         elif coverage.get("no_note_matches_filters"):
             text, mode = answers.no_match_answer(coverage["filters"]), "not_found"
         elif found.not_found:
-            text, mode = answers.not_found_answer(citations), "not_found"
+            text, mode = answers.not_found_answer(citations, unmentioned=coverage.get("unmentioned")), "not_found"
         elif unsure:
             text, mode = answers.unsure_answer(citations), "unsure"
         else:

@@ -103,7 +103,7 @@ class ExtractiveSynthesizer(BaseSynthesizer):
         if not answerable(results):
             if relevance.answer_state(results) == "unsure":
                 return unsure_answer(citations)
-            return not_found_answer(citations)
+            return not_found_answer(citations, unmentioned=results[0].get("unmentioned") if results else None)
         return extractive_answer(query_str, results, citations)
 
     async def aget_response(self, query_str: str, text_chunks: Any, results: list[dict[str, Any]] | None = None,

@@ -167,7 +167,10 @@ def answer_state(results: list[Mapping[str, Any]]) -> str:
     """found: a result is strong or related. unsure: none is, but one of the first three leads is close to the
     question (its relevance reaches LEAD, its `second_opinion` FAST_LEAD, its `translation_opinion` TRANSLATION_LEAD,
     or its topic stands out at TOPIC_UNSURE or closer): the notes may cover it, said as uncertainty.
-    not_found: nothing in the notes is close (nonsense, another language's or domain's subject, an absent topic)."""
+    not_found: nothing in the notes is close (nonsense, another language's or domain's subject, an absent topic), or
+    the question names a thing no note mentions (`unmentioned`: rag_app.search.unmentioned)."""
+    if any(r.get("unmentioned") for r in results):
+        return "not_found"
     if any(r.get("relevance", 0.0) >= RELATED for r in results):
         return "found"
     for result in results[:3]:

@@ -55,6 +55,7 @@ from rag_app.search.query import (
 )
 from rag_app.search.relevance_features import Contains, QueryTerms, note_evidence
 from rag_app.search.time_phrases import extract_time_range
+from rag_app.search.unmentioned import unmentioned
 from readers.records import decode_list
 
 EXCERPT_CHARS = 300
@@ -686,6 +687,11 @@ class NoteFusionRetriever(QueryFusionRetriever):
             notes = {c.rpartition(":chunk:")[0] or c for c in allowed} if allowed is not None else None
             topics_used = self._by_topic(index, text, results, notes, evidence, pool)
         self._follow_links(index, text, results, allowed, evidence, pool, (translated, heard))
+        absent = unmentioned(text, self._mentioned(index.keyword(), allowed), index.keyword().han_share < TRANSLATE_HAN)
+        if absent:  # an absent subject: whatever else matched is a lead, not an answer
+            for result in results:
+                result["relevance"] = min(result["relevance"], relevance.RELATED - 0.01)
+                result["unmentioned"] = absent
         if down:  # the dense evidence was never gathered: what BM25 alone found is at most related
             for result in results:
                 result["relevance"] = min(result["relevance"], relevance.STRONG - 0.01)
@@ -710,6 +716,8 @@ class NoteFusionRetriever(QueryFusionRetriever):
         }
         if down:
             coverage["store_down"] = down[0]
+        if absent:
+            coverage["unmentioned"] = absent
         if allowed is not None and not allowed and any(filters.to_dict().values()):
             coverage["no_note_matches_filters"] = True  # a typo'd tag is not "not in your notes": nothing was searched
         state = relevance.answer_state(results)
@@ -830,6 +838,20 @@ class NoteFusionRetriever(QueryFusionRetriever):
                 return None
             return chinese_gloss(text, uses=keyword.df, words=stems)
         return None
+
+    @staticmethod
+    def _mentioned(keyword: KeywordIndex, allowed: set[str] | None) -> Callable[[str], bool]:
+        """Whether some chunk the search may show holds one of a name's tokens (with filters, only the notes they
+        allow: a private note naming it must not change what an agent is told)."""
+        def mentioned(name: str) -> bool:
+            tokens = tokenize(name)
+            if not tokens:
+                return True
+            if allowed is None:
+                return any(keyword.df(t) for t in tokens)
+            return bool(keyword.term_matrix(tokens, list(allowed))[1].any())
+
+        return mentioned
 
     @staticmethod
     def _heard(keyword: KeywordIndex, gloss: str) -> bool:

@@ -1,0 +1,90 @@
+"""A question that names a thing no note mentions is "not in your notes", whatever its other words match."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from rag_app.engine import Brain
+from rag_app.search.unmentioned import names, unmentioned
+from rag_app.shells import cli
+from tests.conftest import write_files
+
+
+def test_a_name_is_a_capitalised_word_inside_an_english_sentence():
+    assert names("import my Kindle highlights into notes", english_home=True) == ["Kindle"]
+    assert names("How do Jon and Gina both like to destress?", english_home=True) == ["Jon", "Gina"]
+    assert names("can I sync over WebDAV or RemNote?", english_home=True) == ["WebDAV", "RemNote"]
+
+
+def test_no_name_in_a_sentences_first_word_a_pronoun_an_abbreviation_a_month_or_a_weekday():
+    assert names("Kindle highlights", english_home=True) == []
+    assert names("What did I do on Monday in December? Then what.", english_home=True) == []
+    assert names("Would she have Dr. Seuss books?", english_home=True) == []
+
+
+def test_a_latin_word_inside_a_chinese_question_is_a_name_but_not_a_unit():
+    assert names("用 Syncthing 在几台电脑之间同步笔记", english_home=False) == ["Syncthing"]
+    assert names("2022年12月美国CPI上涨了多少？", english_home=False) == ["CPI"]
+    assert names("我家猫有几kg", english_home=False) == []
+
+
+def test_an_english_question_about_notes_mostly_in_chinese_is_not_read_for_names():
+    """Such notes write Chengdu as 成都: a name they never spell in Latin letters can still be their subject."""
+    assert names("What did I eat in Chengdu?", english_home=False) == []
+
+
+def test_only_the_names_no_note_holds_are_unmentioned():
+    held = {"gina"}
+    assert unmentioned("How do Jon and Gina relax?", lambda n: n.lower() in held, english_home=True) == ["Jon"]
+
+
+def test_a_chinese_question_naming_an_absent_tool_is_not_in_your_notes_and_says_why(sample_brain):
+    found = sample_brain.search("用 Syncthing 在几台电脑之间同步笔记", 5, expand=False)
+    assert found.answer_state == "not_found" and found.not_found
+    assert found.coverage["unmentioned"] == ["Syncthing"]
+    assert found.results and all(r["strength"] == "weak" for r in found.results)  # still shown, as leads
+    answer = sample_brain.ask("用 Syncthing 在几台电脑之间同步笔记")
+    assert answer.mode == "not_found" and "No note mentions Syncthing" in answer.answer
+
+
+def test_a_named_thing_the_notes_hold_is_searched_as_before(sample_brain):
+    found = sample_brain.search("Docker 怎么清理没用的镜像", 5, expand=False)
+    assert "unmentioned" not in found.coverage and found.answer_state == "found"
+
+
+def english_home(tmp_path: Path, home: Path) -> Brain:
+    vault = write_files(tmp_path / "vault", {
+        "public/import.md": "# Importing notes\n\nThe markdown import keeps the highlights and the frontmatter of "
+                            "notes brought over from other tools.\n",
+        "public/sync.md": "# Sync\n\nThe vault syncs over git every evening; conflicts are merged by hand.\n",
+        "private/reading.md": "# Reading\n\nMy Kindle highlights are exported once a month.\n",
+    })
+    brain = Brain(home)
+    assert not brain.sync(vaults=(str(vault),)).failed
+    return brain
+
+
+def test_a_name_only_a_filtered_out_note_holds_counts_as_unmentioned(tmp_path, home):
+    """What a filtered search (every agent search) is told must not depend on the notes it may not show."""
+    brain = english_home(tmp_path, home)
+    try:
+        question = "import my Kindle highlights into notes"
+        assert "unmentioned" not in brain.search(question, 5, expand=False).coverage
+        hidden = brain.search(question, 5, expand=False, path_prefix="public/")
+        assert hidden.coverage["unmentioned"] == ["Kindle"] and hidden.answer_state == "not_found"
+    finally:
+        brain.close()
+
+
+def test_the_cli_says_which_name_no_note_mentions(tmp_path, home):
+    english_home(tmp_path, home).close()
+    runner = CliRunner()
+    shown = runner.invoke(cli.main, ["--home", str(home), "--no-daemon", "search", "sync my vault over WebDAV"])
+    assert shown.exit_code == 0, shown.output
+    assert shown.output.startswith("not in your notes: no note mentions WebDAV; the nearest notes, as leads:")
+    data = json.loads(runner.invoke(cli.main, ["--home", str(home), "--no-daemon", "search",
+                                               "sync my vault over WebDAV", "--json"]).output)
+    assert data["answer_state"] == "not_found" and data["coverage"]["unmentioned"] == ["WebDAV"]
