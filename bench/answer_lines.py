@@ -1,4 +1,5 @@
-"""Does an answer without an LLM show the line that answers? Measured through `Brain.ask` (extractive mode).
+"""Does an answer without an LLM show the line that answers? Measured through `Brain.ask`: an extractive answer's
+passages, and a "not sure" answer's possible matches' passages (counted in their own parenthesis).
 
 Each pair of bench/answer_lines/*.tsv (`question<TAB>note path<TAB>a piece of the answering line`, then optionally
 pieces of other lines of the note that answer it too, found on review) is asked of a home holding that vault; the
@@ -45,24 +46,28 @@ def passage_of(answer: str, n: int) -> str:
     return ""
 
 
-def measure(home: Path, file: Path, show_misses: bool) -> tuple[int, int, int, int]:
+def measure(home: Path, file: Path, show_misses: bool) -> tuple[int, int, int, int, int, int]:
     brain = Brain(home)
-    shown = note_only = another = 0
+    shown = note_only = another = shown_unsure = note_unsure = 0
     for question, note, answer, others in (rows := pairs(file)):
         response = brain.ask(question)
         cited = [c["n"] for c in response.citations  # a home may hold the vault one folder up (vault/…)
                  if (c.get("path") or "") == note or (c.get("path") or "").endswith("/" + note)]
-        text = plain(passage_of(response.answer, cited[0])) if cited and response.mode == "extractive" else ""
+        quoted = response.mode in ("extractive", "unsure")
+        text = plain(passage_of(response.answer, cited[0])) if cited and quoted else ""
+        unsure = bool(text) and response.mode == "unsure"
         if text and " ".join(answer.split()) in text:
             shown += 1
+            shown_unsure += unsure
             continue
         note_only += bool(text)
+        note_unsure += unsure
         another += any(" ".join(o.split()) in text for o in others)
         if show_misses:
-            where = "note shown, line not" if text else f"note not shown ({response.mode})"
+            where = f"note shown, line not ({response.mode})" if text else f"note not shown ({response.mode})"
             print(f"  miss [{where}] {question} → {answer}\n    {text[:160]}")
     brain.close()
-    return len(rows), shown, note_only, another
+    return len(rows), shown, note_only, another, shown_unsure, note_unsure
 
 
 def main() -> None:
@@ -72,10 +77,10 @@ def main() -> None:
     args = parser.parse_args()
     for name in [k for k in os.environ if k.startswith("LLM_")]:
         del os.environ[name]  # extractive answers are what is measured
-    totals = [0, 0, 0, 0]
-    print("| pairs | asked | line shown | right note shown without the line (of which another answering line) | "
-          "right note not shown |")
-    print("|---|---|---|---|---|")
+    totals = [0, 0, 0, 0, 0, 0]
+    print("| pairs | asked | line shown (of which in a not-sure answer) | right note shown without the line (of which "
+          "another answering line; in a not-sure answer) | line shown of the notes shown | right note not shown |")
+    print("|---|---|---|---|---|---|")
     for spec in args.specs:
         home, _, file = spec.partition("=")
         counts = measure(Path(home), Path(file), args.misses)
@@ -84,9 +89,10 @@ def main() -> None:
     print(_row("all", *totals))
 
 
-def _row(name: str, asked: int, shown: int, note_only: int, another: int) -> str:
-    return (f"| {name} | {asked} | {shown} ({shown / max(asked, 1):.0%}) | {note_only} ({another}) | "
-            f"{asked - shown - note_only} |")
+def _row(name: str, asked: int, shown: int, note_only: int, another: int, shown_unsure: int,
+         note_unsure: int) -> str:
+    return (f"| {name} | {asked} | {shown} ({shown_unsure}) | {note_only} ({another}; {note_unsure}) | "
+            f"{shown} of {shown + note_only} ({shown / max(shown + note_only, 1):.0%}) | {asked - shown - note_only} |")
 
 if __name__ == "__main__":
     main()

@@ -137,15 +137,19 @@ def possible_matches(results: list[dict[str, Any]], leads: int = 3) -> list[dict
     return results[:leads]
 
 
-def unsure_answer(citations: list[dict[str, Any]], leads: int = 3) -> str:
-    """What an answer says when the notes may cover the question but nothing says so for sure: that, plainly, and
-    the closest notes as possible matches to open (no passage is quoted as if it answered)."""
+def unsure_answer(question: str, results: list[dict[str, Any]], citations: list[dict[str, Any]],
+                  query: str | None = None, scorer: LineScorer | None = None, notes: dict[str, str] | None = None,
+                  leads: int = 3) -> str:
+    """What an answer says when the notes may cover the question but nothing says so for sure: that, plainly, then
+    the closest notes as possible matches, each with the passage that would answer if it does (its answering line,
+    as `extractive_answer` picks it), so the person can judge at a glance which to open."""
     closest = ", ".join(readable_inline(str(c["title"] or "")) for c in citations[:leads])
     lines = [f"{UNSURE} — closest: {closest}" if closest else UNSURE]
     if citations:
-        lines += ["", "Possible matches (open one to check):"]
-        lines += [f"- {readable_inline(str(c['title'] or ''))} [{c['n']}]" for c in citations[:leads]]
-    return "\n".join(lines)
+        terms = query_words(query or question, both_scripts=True)
+        lines += ["", "Possible matches (not sure; open one to check):", ""]
+        lines += _passages(results[:leads], citations[:leads], terms, scorer, notes, LEAD_PASSAGE_CHARS)
+    return "\n".join(lines).rstrip()
 
 
 def no_match_answer(filters: dict[str, Any]) -> str:
@@ -186,20 +190,29 @@ def extractive_answer(question: str, results: list[dict[str, Any]], citations: l
     head = f"Extractive answer: {notice}." if notice else (
         "Extractive answer (no LLM configured): the passages of your notes that best match the question.")
     terms = query_words(query or question, both_scripts=True)
-    lines = [head, ""]
+    shown = [(c, r) for c, r in zip(citations, results, strict=False) if c["strength"] != "weak"]  # weak: a lead
+    passages = _passages([r for _, r in shown], [c for c, _ in shown], terms, scorer, notes)
+    return "\n".join([head, "", *passages]).rstrip()
+
+
+def _passages(results: list[dict[str, Any]], citations: list[dict[str, Any]], terms: list[str],
+              scorer: LineScorer | None, notes: dict[str, str] | None, limit: int = 0) -> list[str]:
+    """Each result's passage under its title, section and source number: with a `scorer` and the note's full text,
+    its answering line in context (answer_lines), else the best chunk's best-matching part; each within `limit`
+    characters (PASSAGE_CHARS when 0)."""
+    limit = limit or PASSAGE_CHARS
+    lines: list[str] = []
     for citation, result in zip(citations, results, strict=False):
-        if citation["strength"] == "weak":
-            continue  # a lead, not an answer: listed under the sources only
         chunks = result.get("chunks") or [{"text": citation["excerpt"]}]
         full = (notes or {}).get(result["note_id"])
         if scorer is not None and full:
-            section, text = passage(full, terms, scorer=scorer, title=str(citation["title"] or ""))
+            section, text = passage(full, terms, limit, scorer=scorer, title=str(citation["title"] or ""))
         else:
-            section, text = passage(chunks[0]["text"], terms)
+            section, text = passage(chunks[0]["text"], terms, limit)
         title = readable_inline(str(citation["title"] or ""))
         where = f" › {section}" if section and section != title else ""
         lines += [f"**{title}**{where} [{citation['n']}]", "", text, ""]
-    return "\n".join(lines).rstrip()
+    return lines
 
 
 # How a passage shows task boxes and table rules (its blocks, links and fences: readers.markdown_syntax).
@@ -208,6 +221,7 @@ _INLINE_TASK = re.compile(r"(^|\s)([-*+])\s+\[([ xX])\]")
 _TABLE_RULE = re.compile(r"^\s*\|?\s*:?-{2,}:?\s*(\|\s*:?-{2,}:?\s*)*\|?\s*$")
 _TASK_DASH = re.compile(r"(^|\s)[-*+]\s+([☐☑])")
 PASSAGE_CHARS = 420
+LEAD_PASSAGE_CHARS = 240  # a possible match's passage (unsure_answer): enough to judge it, three of them at a glance
 
 
 def readable_inline(text: str) -> str:

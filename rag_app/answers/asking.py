@@ -147,7 +147,8 @@ class Asker:
         elif found.not_found:
             text, mode = answers.not_found_answer(citations, unmentioned=coverage.get("unmentioned")), "not_found"
         elif unsure:
-            text, mode = answers.unsure_answer(citations), "unsure"
+            scorer, notes = self._answering_lines(query, answers.possible_matches(found.results))
+            text, mode = answers.unsure_answer(question, found.results, citations, query, scorer, notes), "unsure"
         else:
             scorer, notes = self._answering_lines(query, answers.answerable(found.results))
             text = answers.extractive_answer(question, found.results, citations, notice, query, scorer, notes)

@@ -102,7 +102,7 @@ class ExtractiveSynthesizer(BaseSynthesizer):
         citations = citations_from(results)
         if not answerable(results):
             if relevance.answer_state(results) == "unsure":
-                return unsure_answer(citations)
+                return unsure_answer(query_str, results, citations)
             return not_found_answer(citations, unmentioned=results[0].get("unmentioned") if results else None)
         return extractive_answer(query_str, results, citations)
 

@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 import click
 
-from rag_app.answers.answer import NOT_FOUND, UNSURE, AnswerResponse, filters_text, readable_excerpt
+from rag_app.answers.answer import NOT_FOUND, AnswerResponse, filters_text, readable_excerpt
 from rag_app.answers.llm import missing_message
 from rag_app.engine import (
     BackgroundWatch,
@@ -375,8 +375,9 @@ def _batch(brain: Brain, lines: Any, k: int, options: dict[str, Any]) -> None:
 
 
 def _without_leads(text: str) -> str:
-    """A "not in your notes" or "not sure" answer without its list of leads: the sources below list them, with paths."""
-    return text.split("\n\n")[0] if text.startswith((NOT_FOUND, UNSURE)) else text
+    """A "not in your notes" answer without its list of leads: the sources below list them, with paths. (A "not
+    sure" answer keeps its possible matches' passages.)"""
+    return text.split("\n\n")[0] if text.startswith(NOT_FOUND) else text
 
 
 def _time_filter_line(coverage: dict[str, Any]) -> str | None:

@@ -365,3 +365,15 @@ def test_cli_ask_json(sample_home):
     assert data["mode"] == "extractive"
     assert data["citations"][0]["path"] == "生活/番茄炒蛋.md"
     assert set(data["citations"][0]) == {"n", "note_id", "title", "path", "excerpt", "strength"}
+
+
+def test_a_not_sure_answer_quotes_each_possible_matchs_answering_line(sample_brain):
+    """杭州周末给爸妈买了什么 asks in Chinese what an English note says ("Bought a small tin for my parents"): no
+    channel is sure, so the answer is "not sure", and each possible match shows the line that would answer, not only
+    its title: the person sees at a glance which to open."""
+    answer = sample_brain.ask("杭州周末给爸妈买了什么")
+    assert answer.mode == "unsure" and answer.answer.startswith("Not sure your notes cover this")
+    assert "**A slow weekend in Hangzhou** › Saturday [2]" in answer.answer
+    assert "Bought a small tin for my parents." in answer.answer
+    first, *_ = answer.answer.split("**A slow weekend in Hangzhou**")
+    assert "Possible matches (not sure; open one to check):" in first

@@ -526,7 +526,7 @@ def test_a_lead_the_engine_is_not_sure_of_is_said_as_such(sample_home):
     assert done.stdout.splitlines()[0].startswith("not sure your notes cover this — closest: 成都三日")
     asked = json.loads(brain(sample_home, "ask", "What did I eat in Chengdu?", "--json").stdout)
     assert asked["coverage"]["answer_state"] == "unsure" and asked["mode"] == "unsure"
-    assert asked["answer"].startswith("Not sure your notes cover this") and "成都三日 [1]" in asked["answer"]
+    assert asked["answer"].startswith("Not sure your notes cover this") and "**成都三日** [1]" in asked["answer"]
 
 
 def test_search_variants_are_capped_with_a_clear_error(sample_home):
