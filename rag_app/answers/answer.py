@@ -152,6 +152,16 @@ def unsure_answer(question: str, results: list[dict[str, Any]], citations: list[
     return "\n".join(lines).rstrip()
 
 
+def unmentioned_sentence(names: list[str], filters: dict[str, Any] | None = None) -> str:
+    """Why the answer is "not in your notes" when the question names what no note mentions (coverage.unmentioned),
+    said of the notes the filters allow when a person set some ("no note matching the filters (tag: 咖啡) …")."""
+    listed = ", ".join(names)
+    which = filters_text(filters or {})
+    if which:
+        return f"No note matching the filters ({which}) mentions {listed}. / 符合筛选条件的笔记里没有提到 {listed}。"
+    return f"No note mentions {listed}. / 笔记里没有提到 {listed}。"
+
+
 def no_match_answer(filters: dict[str, Any]) -> str:
     """What an answer says when its filters leave no note to search: which filters, not "not in your notes"."""
     return f"No note matches the filters ({filters_text(filters)}): nothing was searched. / 没有符合筛选条件的笔记。"
@@ -164,14 +174,14 @@ def filters_text(filters: dict[str, Any]) -> str:
                      for key, value in filters.items() if value and key in names)
 
 
-def not_found_answer(citations: list[dict[str, Any]], leads: int = 3, unmentioned: list[str] | None = None) -> str:
+def not_found_answer(citations: list[dict[str, Any]], leads: int = 3, unmentioned: list[str] | None = None,
+                     filters: dict[str, Any] | None = None) -> str:
     """What an answer says when no note seems to hold it: that, plainly, and why when the question names a thing no
-    note mentions (`unmentioned`: a typo shows there too), then the nearest notes as leads, not as an answer (no
-    passage is quoted as if it answered)."""
+    note mentions (`unmentioned`: a typo shows there too; among the notes the `filters` allow, when they are set),
+    then the nearest notes as leads, not as an answer (no passage is quoted as if it answered)."""
     lines = [NOT_FOUND]
     if unmentioned:
-        names = ", ".join(readable_inline(n) for n in unmentioned)
-        lines.append(f"No note mentions {names}. / 笔记里没有提到 {names}。")
+        lines.append(unmentioned_sentence(unmentioned, filters))
     if citations:
         lines += ["", "Nearest leads (not an answer; open one to check):"]
         lines += [f"- {readable_inline(str(c['title'] or ''))} [{c['n']}]" for c in citations[:leads]]

@@ -145,7 +145,9 @@ class Asker:
         elif coverage.get("no_note_matches_filters"):
             text, mode = answers.no_match_answer(coverage["filters"]), "not_found"
         elif found.not_found:
-            text, mode = answers.not_found_answer(citations, unmentioned=coverage.get("unmentioned")), "not_found"
+            text = answers.not_found_answer(citations, unmentioned=coverage.get("unmentioned"),
+                                            filters=coverage.get("filters"))
+            mode = "not_found"
         elif unsure:
             scorer, notes = self._answering_lines(query, answers.possible_matches(found.results))
             text, mode = answers.unsure_answer(question, found.results, citations, query, scorer, notes), "unsure"

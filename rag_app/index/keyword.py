@@ -28,7 +28,9 @@ from readers.markdown_syntax import HAN, HAN_CHARS, HAN_RUN
 if TYPE_CHECKING:  # imported where the index is used: a sync that finds nothing changed needs the tokenizer only
     import numpy as np
 
-TOKENIZER_VERSION = "kw-v2"
+TOKENIZER_VERSION = "kw-v3"  # v3: Latin letters with accents folded (Zürich → zurich)
+_ACCENTED = re.compile(r"[\u00c0-\u024f\u1e00-\u1eff]")
+_UNACCENTED = {"ß": "ss", "ø": "o", "æ": "ae", "œ": "oe", "đ": "d", "ł": "l", "ı": "i", "þ": "th", "ð": "d"}
 _RUNS = re.compile(f"([{HAN_CHARS}]+)|([a-z0-9]+(?:[._\\-/:@][a-z0-9]+)*)")
 _WORD = re.compile(r"[a-z0-9]+")
 EN_STOPWORDS = frozenset(
@@ -215,7 +217,7 @@ def tokenize(text: str) -> list[str]:
     No Han character bigrams: measured on the dev sets they cost BM25 0.027 nDCG@10 on rgb_zh_dev (0.714 → 0.687)
     and gained nothing elsewhere; spurious pairs across word boundaries ("电影清单" → "影清") match unrelated notes.
     """
-    text = to_simplified(unicodedata.normalize("NFKC", text).lower())
+    text = _ACCENTED.sub(_unaccented, to_simplified(unicodedata.normalize("NFKC", text).lower()))
     tokens: list[str] = []
     for match in _RUNS.finditer(text):
         han, latin = match.groups()
@@ -228,6 +230,14 @@ def tokenize(text: str) -> list[str]:
         kept = [w for w in words if w not in EN_STOPWORDS and (len(w) > 1 or w.isdigit())]
         tokens.extend(_stemmer().stemWords(kept) if kept else [])
     return tokens
+
+
+def _unaccented(match: re.Match[str]) -> str:
+    """A Latin letter without its accents, as English text writes it (Zürich, Gödel, São Paulo are searched as typed
+    on a keyboard without them); one the accents are not marks of (ø, ß) by its usual spelling."""
+    letter = match.group(0)
+    bare = "".join(c for c in unicodedata.normalize("NFKD", letter) if c.isascii())
+    return bare or _UNACCENTED.get(letter, letter)
 
 
 _OTHER_WORD = re.compile(rf"[^\W_{HAN_CHARS}]+(?:[._\-/:@][^\W_{HAN_CHARS}]+)*")
@@ -336,6 +346,27 @@ class KeywordIndex:
                 column = self.bm25.vocab_dict[token]
                 contains[:, j] = np.isin(rows, indices[indptr[column] : indptr[column + 1]])
         return idfs, contains
+
+    def rows_of(self, chunk_ids: Iterable[str]) -> np.ndarray:
+        """The index rows of chunk ids (the ones it holds), for `holds`."""
+        import numpy as np
+
+        return np.fromiter((r for r in (self.row.get(c, -1) for c in chunk_ids) if r >= 0), dtype=np.int64)
+
+    def holds(self, tokens: list[str], rows: np.ndarray | None = None) -> bool:
+        """Whether some chunk holds one of the tokens; with `rows` (`rows_of`), some chunk of those."""
+        import numpy as np
+
+        for token in tokens:
+            column = self.bm25.vocab_dict.get(token) if self.ids else None
+            if column is None:
+                continue
+            if rows is None:
+                return True
+            indptr, indices = self.bm25.scores["indptr"], self.bm25.scores["indices"]
+            if np.isin(indices[indptr[column]: indptr[column + 1]], rows).any():
+                return True
+        return False
 
     @staticmethod
     def build(rows: Iterable[tuple[str, list[str]]]) -> KeywordIndex:

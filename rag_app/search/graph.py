@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import PurePosixPath
 from typing import Any
 
+from rag_app.index.keyword import tokenize
 from readers.markdown_syntax import parse_wikilinks, piped_target
 from readers.records import decode_list
 
@@ -83,6 +85,20 @@ class LinkResolver:
                 if name:
                     self.keys.setdefault((source, name.lower()), []).append(note_id)
                     self.keys.setdefault(("*", name.lower()), []).append(note_id)
+
+    def named(self, token: str) -> set[str]:
+        """The notes whose title, file name, folder or an alias holds a word (as BM25 tokenizes it): what a link,
+        and a person, may call a note though its text never says it."""
+        return self._name_tokens.get(token, set())
+
+    @cached_property
+    def _name_tokens(self) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for (scope, name), note_ids in self.keys.items():
+            if scope == "*":
+                for token in tokenize(name):
+                    out.setdefault(token, set()).update(note_ids)
+        return out
 
     def resolve(self, raw: str, meta: Mapping[str, Any], visible: Callable[[str], bool] | None = None) -> str | None:
         """The note a link names, or None; with `visible`, among the notes it allows only (a search that may not

@@ -55,7 +55,7 @@ from rag_app.search.query import (
 )
 from rag_app.search.relevance_features import Contains, QueryTerms, note_evidence
 from rag_app.search.time_phrases import extract_time_range
-from rag_app.search.unmentioned import unmentioned
+from rag_app.search.unmentioned import Mentions, unmentioned
 from readers.records import decode_list
 
 EXCERPT_CHARS = 300
@@ -687,7 +687,7 @@ class NoteFusionRetriever(QueryFusionRetriever):
             notes = {c.rpartition(":chunk:")[0] or c for c in allowed} if allowed is not None else None
             topics_used = self._by_topic(index, text, results, notes, evidence, pool)
         self._follow_links(index, text, results, allowed, evidence, pool, (translated, heard))
-        absent = unmentioned(text, self._mentioned(index.keyword(), allowed), index.keyword().han_share < TRANSLATE_HAN)
+        absent = self._unmentioned(index, text, allowed, results)
         if absent:  # an absent subject: whatever else matched is a lead, not an answer
             for result in results:
                 result["relevance"] = min(result["relevance"], relevance.RELATED - 0.01)
@@ -839,19 +839,20 @@ class NoteFusionRetriever(QueryFusionRetriever):
             return chinese_gloss(text, uses=keyword.df, words=stems)
         return None
 
-    @staticmethod
-    def _mentioned(keyword: KeywordIndex, allowed: set[str] | None) -> Callable[[str], bool]:
-        """Whether some chunk the search may show holds one of a name's tokens (with filters, only the notes they
-        allow: a private note naming it must not change what an agent is told)."""
-        def mentioned(name: str) -> bool:
-            tokens = tokenize(name)
-            if not tokens:
-                return True
-            if allowed is None:
-                return any(keyword.df(t) for t in tokens)
-            return bool(keyword.term_matrix(tokens, list(allowed))[1].any())
-
-        return mentioned
+    def _unmentioned(self, index: SearchIndex, text: str, allowed: set[str] | None,
+                     results: list[dict[str, Any]]) -> list[str]:
+        """The names the question asks about that no note the search may show mentions (rag_app.search.unmentioned),
+        when each query the caller gave (the question, its variants) names one. Not for an English question whose
+        leads are notes in Chinese: those write Chengdu as 成都."""
+        keyword = index.keyword()
+        mentions = Mentions(keyword, allowed, lambda: index.link_resolver().named)
+        english = keyword.han_share < TRANSLATE_HAN
+        absent = unmentioned(text, mentions, english)
+        if not absent or any(not unmentioned(v, mentions, english) for v in self.variants or []):
+            return []
+        if not HAN_RUN.search(text) and any(_mostly_han(r) for r in results[:3]):
+            return []
+        return absent
 
     @staticmethod
     def _heard(keyword: KeywordIndex, gloss: str) -> bool:
@@ -951,6 +952,13 @@ QUERY_GEN_PROMPT = (
     "Question: {query}\nQueries:\n"
 )
 LLM_METADATA = ("title", "path", "url", "tags", "created", "updated")  # what an LLM sees of a note besides its text
+
+
+def _mostly_han(result: dict[str, Any]) -> bool:
+    """Whether a result's matched passage is mostly Chinese (Han characters are most of its letters)."""
+    text = " ".join(chunk["text"] for chunk in result.get("chunks") or [])
+    han = sum(map(len, HAN_RUN.findall(text)))
+    return han > sum(c.isascii() and c.isalpha() for c in text)
 
 
 def _known_share(keyword: KeywordIndex, text: str) -> float:

@@ -4,50 +4,164 @@
 and "highlights" and was called related; "How do Jon and Gina both like to destress?", asked of a vault that names
 neither, was found or unsure for 62 of 100 such questions. Whatever the other words match, no note can say anything
 about a thing it never names. A name is a capitalised word inside an English sentence (Kindle, WebDAV, RemNote,
-Gina; not the sentence's first word, not "I" or "Dr", not a month or weekday) or a Latin word inside a Chinese question
-(用 Syncthing 同步, CPI, C919: brands and acronyms are written in Latin letters there).
+Gina) or a Latin word with a capital or a digit inside a Chinese question (用 Syncthing 同步, CPI, C919; not the
+English word a person drops into Chinese: 日语考试的 deadline).
 
-An English question asked of notes mostly in Chinese is not read for names: those notes write Chengdu as 成都.
+A name counts as mentioned when the notes hold it as BM25 reads them or spelled apart (Wi-Fi for WiFi, VS Code for
+VSCode, PostgreSQL for Postgres), or as a note's alias or file name: a false "not in your notes" costs an answer the
+person wrote down, so every doubt goes to "mentioned".
 """
 
 from __future__ import annotations
 
+import bisect
 import re
-from collections.abc import Callable
+import threading
+import weakref
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
+from rag_app.index.keyword import tokenize
 from readers.markdown_syntax import HAN
 
+if TYPE_CHECKING:
+    import numpy as np
+
+    from rag_app.index.keyword import KeywordIndex
+
 _LATIN_WORD = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[.\-][A-Za-z0-9]+)*")
-_SENTENCE_START = re.compile(r"(?:^|[.?!:;\"'“‘(\[]\s*)$")
+_SENTENCE_END = re.compile(r"[.?!:;\"'“‘(\[。！？：；]\s*$")
+_SEPARATORS = re.compile(r"[._\-/:@]")
+_UMLAUT = re.compile(r"(?<=[a-z])(?:oe|ue|ae)")  # German ö, ü, ä as typed without them
+_PARTS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")  # VSCode → VS, Code
 TIME_WORDS = frozenset(
     "january february march april may june july august september october november december "
-    "jan feb mar apr jun jul aug sep sept oct nov dec "
+    "jan feb mar apr jun jul aug sep sept oct nov dec am pm "
     "monday tuesday wednesday thursday friday saturday sunday mon tue tues wed thu thur thurs fri sat sun".split())
+LONGEST_NAME = 40  # characters: a longer "word" (A.A.A.…) is pasted text, not a name
+MAX_NAMES = 5  # named back to the person at most
+MAX_CHECKED = 20  # names of one question looked up
+PREFIX_LETTERS = 5  # a name this long that begins a word the notes hold is that word shortened (Postgres)
+MAX_SPELLINGS = 20  # words of the notes tried as a name's other spellings under a filter
+
+
+def _joins(character: str) -> bool:
+    """Whether a character beside a Latin run makes it part of a longer word (Atatürk, 20000mAh), not a name of its
+    own: a letter or digit of an alphabetic script (Han and kana stand apart from Latin letters)."""
+    return character.isalnum() and ord(character) < 0x2E80
 
 
 def names(question: str, english_home: bool) -> list[str]:
     """The words of a question that name a thing, each once, as written (`english_home`: the notes are mostly in a
-    language written in Latin letters, so an English question's names would be spelled alike there)."""
-    chinese = len(HAN.findall(question)) > sum(c.isascii() and c.isalpha() for c in question)
-    if not chinese and not english_home:
+    language written in Latin letters, so an English question's names would be spelled alike there). Not a sentence's
+    first word, "I", a month, a weekday or am/pm; none in a question typed All In Capitals Or Title Case."""
+    letters = [c for c in question if c.isascii() and c.isalpha()]
+    han = len(HAN.findall(question))
+    chinese = han > 0 and han >= 0.3 * (han + len(letters))  # EMNLP2022的举办地 is a Chinese question
+    if not chinese and (not english_home or sum(c.isupper() for c in letters) > 0.6 * len(letters)):
         return []
     found: dict[str, str] = {}
-    for match in _LATIN_WORD.finditer(question):
-        word = match.group(0)
-        if word.lower() in TIME_WORDS:
-            continue
-        if chinese:
-            is_name = len(word) >= 3 or any(c.isupper() for c in word)  # CPI, G20; not the kg of 5.8kg
-        else:
-            inner = any(c.isupper() for c in word[1:])  # WebDAV, RemNote, CPI
-            opening = bool(_SENTENCE_START.search(question[: match.start()]))
-            long_enough = len(word) > 2 or word == word.upper() != "I"  # AI, not Dr or I
-            is_name = inner or (word[0].isupper() and not opening and long_enough)
-        if is_name:
-            found.setdefault(word.lower(), word)
+    for line in question.splitlines():
+        first_alnum = next((k for k, c in enumerate(line) if c.isalnum()), len(line))
+        matches = [m for m in _LATIN_WORD.finditer(line) if len(m.group(0)) <= LONGEST_NAME
+                   and not (m.start() and _joins(line[m.start() - 1]))
+                   and not (m.end() < len(line) and _joins(line[m.end()]))]
+        words = [m.group(0) for m in matches]
+        titled = len(words) >= 4 and sum(w[0].isupper() for w in words[1:]) >= 0.8 * (len(words) - 1)
+        for match in matches:
+            word = match.group(0)
+            if word.lower() in TIME_WORDS:
+                continue
+            if chinese:
+                is_name = any(c.isupper() or c.isdigit() for c in word)  # CPI, G20; not deadline or the kg of 5.8kg
+            else:
+                inner = any(c.isupper() for c in word[1:])  # WebDAV, RemNote, CPI
+                opening = match.start() <= first_alnum or bool(
+                    _SENTENCE_END.search(line[max(0, match.start() - 8): match.start()]))
+                long_enough = len(word) > 2 or word == word.upper() != "I"  # AI, not Dr or I
+                is_name = inner or (word[0].isupper() and not opening and long_enough and not titled)
+            if is_name:
+                found.setdefault(word.lower(), word)
     return list(found.values())
 
 
 def unmentioned(question: str, mentioned: Callable[[str], bool], english_home: bool) -> list[str]:
-    """The question's names (`names`) that `mentioned` says no note the search may show holds."""
-    return [name for name in names(question, english_home) if not mentioned(name)]
+    """The question's names (`names`; the first MAX_CHECKED: more is pasted text) that `mentioned` says no note the
+    search may show holds, at most MAX_NAMES."""
+    return [name for name in names(question, english_home)[:MAX_CHECKED] if not mentioned(name)][:MAX_NAMES]
+
+
+class Spellings:
+    """The home's words as other spellings of a name: joined (wifi for Wi-Fi), and in order (postgresql begins with
+    postgres). Made once per keyword index, only when a name is not found as written."""
+
+    def __init__(self, keyword: KeywordIndex):
+        vocabulary = list(keyword.bm25.vocab_dict) if keyword.ids else []
+        self.sorted = sorted(vocabulary)
+        self.joined: dict[str, list[str]] = {}
+        for token in vocabulary:
+            if _SEPARATORS.search(token):
+                self.joined.setdefault(_SEPARATORS.sub("", token), []).append(token)
+
+    def of(self, name: str) -> list[str]:
+        """The home's words that may be this name spelled otherwise (Goedel is Gödel, folded to godel)."""
+        low = name.lower()
+        found = [t for other in {_UMLAUT.sub(lambda m: m.group(0)[0], low)} - {low} for t in tokenize(other)]
+        found += self.joined.get(_SEPARATORS.sub("", low), [])
+        if len(low) >= PREFIX_LETTERS:
+            start = bisect.bisect_left(self.sorted, low)
+            for token in self.sorted[start: start + MAX_SPELLINGS]:
+                if not token.startswith(low):
+                    break
+                found.append(token)
+        return found
+
+
+_SPELLINGS: weakref.WeakKeyDictionary[Any, Spellings] = weakref.WeakKeyDictionary()
+_SPELLINGS_LOCK = threading.Lock()
+
+
+def spellings(keyword: KeywordIndex) -> Spellings:
+    with _SPELLINGS_LOCK:
+        found = _SPELLINGS.get(keyword)
+    if found is None:
+        found = Spellings(keyword)
+        with _SPELLINGS_LOCK:
+            _SPELLINGS[keyword] = found
+    return found
+
+
+class Mentions:
+    """Whether the notes a search may show (`allowed` chunk ids, None for all) mention a name: as BM25 reads them,
+    spelled apart (`Spellings`, or its capitalised parts each held: VS Code for VSCode), or as a note's alias or file
+    name (`aliases`: token → note ids, asked only when the words do not settle it). With a filter only the notes it
+    allows count: a private note that names it changes nothing an agent is told."""
+
+    def __init__(self, keyword: KeywordIndex, allowed: set[str] | None,
+                 aliases: Callable[[], Callable[[str], Iterable[str]]]):
+        self.keyword = keyword
+        self.allowed = allowed
+        self.aliases = aliases
+        self._rows: np.ndarray | None = None
+
+    def __call__(self, name: str) -> bool:
+        tokens = tokenize(name)
+        if not tokens or self._held(tokens):
+            return True
+        parts = _PARTS.findall(name)
+        if len(parts) > 1 and all(not tokenize(p) or self._held(tokenize(p)) for p in parts):
+            return True
+        others = spellings(self.keyword).of(name)
+        if others and self._held(others):
+            return True
+        holders = self.aliases()
+        notes = {note for token in tokens for note in holders(token)}
+        if self.allowed is None:
+            return bool(notes)
+        return any((chunk.rpartition(":chunk:")[0] or chunk) in notes for chunk in self.allowed)
+
+    def _held(self, tokens: list[str]) -> bool:
+        """Whether a chunk the search may show holds one of the tokens."""
+        if self.allowed is not None and self._rows is None:
+            self._rows = self.keyword.rows_of(self.allowed)
+        return self.keyword.holds(tokens, self._rows)

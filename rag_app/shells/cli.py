@@ -414,8 +414,10 @@ def _print_results(response: Any) -> None:
         click.echo(_store_down_line(response.coverage), err=True)
     if response.results and response.not_found:
         absent = response.coverage.get("unmentioned")
-        why = f"no note mentions {_plain(', '.join(absent))}" if absent else "nothing here seems to answer it"
-        click.echo(f"not in your notes: {why}; the nearest notes, as leads:")
+        which = filters_text(response.coverage.get("filters") or {})
+        notes = f"no note matching the filters ({which})" if which else "no note"
+        why = f"{notes} mentions {', '.join(absent)}" if absent else "nothing here seems to answer it"
+        click.echo(f"not in your notes: {_plain(why)}; the nearest notes, as leads:")
     elif response.results and response.answer_state == "unsure":
         closest = ", ".join(_plain(r["title"]) for r in response.results[:3])
         click.echo(f"not sure your notes cover this — closest: {closest}")

@@ -45,6 +45,13 @@ def test_traditional_chinese_folds_to_simplified() -> None:
     assert set(tokenize("電影清單")) == set(tokenize("电影清单"))
 
 
+def test_latin_accents_fold_so_a_name_is_found_as_typed_without_them() -> None:
+    """Zürich was indexed as "rich" (the ü cut the word); São Paulo, Pokémon and Søren are typed without accents."""
+    assert tokenize("Zürich") == tokenize("Zurich") == ["zurich"]
+    assert tokenize("São Paulo Pokémon Søren straße") == tokenize("Sao Paulo Pokemon Soren strasse")
+    assert tokenize("日本語") == ["日本", "日本语"]  # Han and kana are left as they were
+
+
 def test_english_is_lowercased_stemmed_and_stopwords_dropped() -> None:
     assert tokenize("The Running Dogs") == ["run", "dog"]
 
