@@ -29,6 +29,11 @@ if TYPE_CHECKING:
 
     from rag_app.index.keyword import KeywordIndex
 
+# A year the question is anchored to: 2022年…, "in 2019" (not a count: 2000步, "2000 steps"). Asked of notes that never
+# say it and of which none is dated then (a time phrase with dated notes became a filter and left the question), no
+# note can tell what happened that year.
+_YEAR = re.compile(r"(?<![\d.])((?:19|20)\d\d)(?=\s*年)|"
+                   r"\b(?:in|since|during|from|before|after|until)\s+((?:19|20)\d\d)(?!\d)", re.IGNORECASE)
 _LATIN_WORD = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[.\-][A-Za-z0-9]+)*")
 _SENTENCE_END = re.compile(r"[.?!:;\"'“‘(\[。！？：；]\s*$")
 _SEPARATORS = re.compile(r"[._\-/:@]")
@@ -54,13 +59,14 @@ def _joins(character: str) -> bool:
 def names(question: str, english_home: bool) -> list[str]:
     """The words of a question that name a thing, each once, as written (`english_home`: the notes are mostly in a
     language written in Latin letters, so an English question's names would be spelled alike there). Not a sentence's
-    first word, "I", a month, a weekday or am/pm; none in a question typed All In Capitals Or Title Case."""
+    first word, "I", a month, a weekday or am/pm; none in a question typed All In Capitals Or Title Case. A year the
+    question is anchored to (`_YEAR`) in any language."""
+    found: dict[str, str] = {year: year for pair in _YEAR.findall(question) for year in pair if year}
     letters = [c for c in question if c.isascii() and c.isalpha()]
     han = len(HAN.findall(question))
     chinese = han > 0 and han >= 0.3 * (han + len(letters))  # EMNLP2022的举办地 is a Chinese question
     if not chinese and (not english_home or sum(c.isupper() for c in letters) > 0.6 * len(letters)):
-        return []
-    found: dict[str, str] = {}
+        return list(found.values())
     for line in question.splitlines():
         first_alnum = next((k for k, c in enumerate(line) if c.isalnum()), len(line))
         matches = [m for m in _LATIN_WORD.finditer(line) if len(m.group(0)) <= LONGEST_NAME

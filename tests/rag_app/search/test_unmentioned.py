@@ -42,8 +42,14 @@ def test_a_piece_of_a_longer_word_is_no_name():
 def test_a_latin_word_with_a_capital_or_digit_inside_a_chinese_question_is_a_name():
     """Not an English word a person drops into Chinese (deadline, todo), nor a unit."""
     assert names("用Syncthing在几台电脑之间同步笔记", english_home=False) == ["Syncthing"]
-    assert names("2022年12月美国CPI上涨了多少？", english_home=False) == ["CPI"]
+    assert names("美国CPI上涨了多少？", english_home=False) == ["CPI"]
     assert names("我家猫有几kg，日语考试的 deadline 是什么时候，还有哪些 todo", english_home=False) == []
+
+
+def test_a_year_the_question_is_anchored_to_is_a_name_in_any_language_but_not_a_count():
+    assert names("2022年12月美国CPI上涨了多少？", english_home=False) == ["2022", "CPI"]
+    assert names("What did I do in 2019?", english_home=False) == ["2019"]
+    assert names("2000步够吗, or 2000 steps?", english_home=True) == []
 
 
 def test_an_english_question_about_notes_mostly_in_chinese_is_not_read_for_names():
@@ -111,6 +117,17 @@ def test_a_name_the_notes_spell_apart_accent_or_only_name_a_note_by_is_mentioned
                          "How long does the Kobo last?", "How long does my Tolino last?"):
             found = brain.search(question, 5, expand=False)
             assert "unmentioned" not in found.coverage, question
+    finally:
+        brain.close()
+
+
+def test_a_year_no_note_mentions_or_is_dated_in_is_not_in_your_notes(tmp_path, home):
+    """The time phrase filters nothing (no note is dated in 2019), so it stays in the question, and no note says it."""
+    brain = english_home(tmp_path, home)
+    try:
+        found = brain.search("What did I read on the train in 2019?", 5, expand=False)
+        assert found.coverage["time_phrase_ignored"] and found.coverage["unmentioned"] == ["2019"]
+        assert found.answer_state == "not_found"
     finally:
         brain.close()
 
