@@ -811,3 +811,14 @@ def test_filters_no_note_matches_get_no_relevance_badge() -> None:
     """Nothing was searched: the answer names the filters, and no "not in your notes" badge says otherwise."""
     turn = {"mode": "not_found", "citations": [], "coverage": {"not_found": True, "no_note_matches_filters": True}}
     assert app.answer_strength(turn) is None
+
+
+def test_a_not_sure_answers_possible_matches_are_quoted_once() -> None:
+    """An extractive not-sure answer quotes each possible match's passage itself: the sources under it list them
+    without their excerpts again; a not-found answer lists titles only, so its leads keep their excerpts."""
+    lead = {"n": 1, "note_id": "vault:v/hangzhou.md", "title": "Hangzhou", "path": "hangzhou.md",
+            "excerpt": "Bought a small tin for my parents.", "strength": "weak"}
+    unsure = app.sources_markdown([lead], set(), obsidian=False, excerpts=False, turn=0, leads=True, unsure=True)
+    missing = app.sources_markdown([lead], set(), obsidian=False, excerpts=False, turn=0, leads=True)
+    assert "Possible matches" in unsure and "Bought a small tin" not in unsure
+    assert "Nearest leads" in missing and "Bought a small tin" in missing

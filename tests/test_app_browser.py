@@ -845,3 +845,24 @@ def test_the_login_form_works_under_the_policy_and_stops_a_guesser(start_page: C
     time.sleep(2)
     assert not browser.find_elements(By.CSS_SELECTOR, "#question textarea")
     assert "Incorrect Credentials" in browser.find_element(By.TAG_NAME, "body").text
+
+
+def test_a_not_sure_answer_shows_each_possible_matchs_line_once_and_an_absent_name_is_named(
+        page_url: str, browser: webdriver.Chrome) -> None:
+    """杭州周末给爸妈买了什么 (an English note answers it; no channel is sure): the page quotes the line that would
+    answer under its possible match, once; a question naming a tool no note mentions says which."""
+    browser.get(page_url)
+    ask_in_page(browser, "杭州周末给爸妈买了什么")
+
+    def last(driver: webdriver.Chrome, heading: str, count: int) -> str | bool:
+        try:
+            texts = [bubble.text for bubble in bubbles(driver)]
+        except StaleElementReferenceException:
+            return False
+        return texts[-1] if len(texts) == count and heading in texts[-1] else False
+
+    text = WebDriverWait(browser, 180).until(lambda d: last(d, "Possible matches (not sure)\n", 1))
+    assert text.count("Bought a small tin for my parents.") == 1 and "A slow weekend in Hangzhou" in text
+    ask_in_page(browser, "用 Syncthing 在几台电脑之间同步笔记")
+    absent = WebDriverWait(browser, 180).until(lambda d: last(d, "Nearest leads", 2))
+    assert "No note mentions Syncthing." in absent and "Nearest leads" in absent

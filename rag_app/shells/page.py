@@ -456,7 +456,8 @@ def sources_markdown(citations: list[dict[str, Any]], shown: set[int], obsidian:
     """The numbered sources under an answer: each title opens the note in the page, the memo or Obsidian link opens
     it where it lives; `excerpts` off when the answer already quotes them (extractive). `leads`: nothing answered
     (not in your notes), so they are the nearest notes, shown as leads with their excerpts; `unsure`: they may be
-    about the question, shown as possible matches."""
+    about the question, shown as possible matches (with excerpts only when `excerpts`: an extractive not-sure answer
+    quotes their passages itself)."""
 
     def lines(citation: dict[str, Any]) -> list[str]:
         title = escape_markdown(str(citation.get("title") or citation["note_id"]))
@@ -475,8 +476,8 @@ def sources_markdown(citations: list[dict[str, Any]], shown: set[int], obsidian:
         cut = excerpt[:EXCERPT_CHARS] + ("…" if len(excerpt) > EXCERPT_CHARS else "")
         return [head, f"   {safe_markdown(excerpt_markdown(cut))}"]
 
-    if leads:
-        excerpts, shown = True, {c["n"] for c in citations[:3]}
+    if leads:  # a not-sure answer without an LLM quotes its possible matches' passages already
+        excerpts, shown = excerpts or not unsure, {c["n"] for c in citations[:3]}
     first = [line for c in citations if c["n"] in shown for line in lines(c)]
     rest = [line for c in citations if c["n"] not in shown for line in lines(c)]
     heading = "**Possible matches** (not sure)" if unsure else "**Nearest leads** (not an answer)" if leads else (
