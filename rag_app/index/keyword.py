@@ -16,11 +16,12 @@ import sqlite3
 import threading
 import time
 import unicodedata
+import weakref
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from rag_app.index.user_cache import cache_dir
 from readers.markdown_syntax import HAN, HAN_CHARS, HAN_RUN
@@ -432,3 +433,25 @@ class KeywordIndex:
             [known], k=k, show_progress=False, weight_mask=allowed, n_threads=0
         )
         return [(self.ids[int(d)], float(s)) for d, s in zip(docs[0], scores[0], strict=True) if s > 0]
+
+
+T = TypeVar("T")
+
+
+class PerIndex(Generic[T]):
+    """A value made from a keyword index once per index (an index is replaced, not changed, when the notes change),
+    held only as long as the index is."""
+
+    def __init__(self, make: Callable[[KeywordIndex], T]):
+        self._make = make
+        self._made: weakref.WeakKeyDictionary[KeywordIndex, T] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def __call__(self, keyword: KeywordIndex) -> T:
+        with self._lock:
+            found = self._made.get(keyword)
+        if found is None:
+            found = self._make(keyword)
+            with self._lock:
+                self._made[keyword] = found
+        return found

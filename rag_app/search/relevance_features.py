@@ -9,15 +9,13 @@ background and list, and whether the channels agree. Computed from the retrieval
 from __future__ import annotations
 
 import re
-import threading
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rag_app.index.keyword import is_question_word, tokenize
+from rag_app.index.keyword import PerIndex, is_question_word, tokenize
 from rag_app.search.relevance import AGREE, RANK_ABSENT, channel_key, dense_family
 from readers.records import decode_list
 
@@ -121,19 +119,7 @@ class Breadth:
         return column is not None and self.holders[column] == 1
 
 
-_BREADTH: weakref.WeakKeyDictionary[Any, Breadth] = weakref.WeakKeyDictionary()
-_BREADTH_LOCK = threading.Lock()
-
-
-def breadth(keyword: KeywordIndex) -> Breadth:
-    """The keyword index's Breadth, made once per index (an index is replaced, not changed, when the notes change)."""
-    with _BREADTH_LOCK:
-        found = _BREADTH.get(keyword)
-    if found is None:
-        found = Breadth(keyword)
-        with _BREADTH_LOCK:
-            _BREADTH[keyword] = found
-    return found
+breadth = PerIndex(Breadth)  # the keyword index's Breadth, made once per index
 
 
 def note_evidence(index: SearchIndex, fusion: NoteFusionRetriever, note_ids: list[str],

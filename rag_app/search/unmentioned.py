@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import bisect
 import re
-import threading
-import weakref
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from rag_app.index.keyword import tokenize
+from rag_app.index.keyword import PerIndex, tokenize
 from readers.markdown_syntax import HAN
 
 if TYPE_CHECKING:
@@ -123,18 +121,7 @@ class Spellings:
         return found
 
 
-_SPELLINGS: weakref.WeakKeyDictionary[Any, Spellings] = weakref.WeakKeyDictionary()
-_SPELLINGS_LOCK = threading.Lock()
-
-
-def spellings(keyword: KeywordIndex) -> Spellings:
-    with _SPELLINGS_LOCK:
-        found = _SPELLINGS.get(keyword)
-    if found is None:
-        found = Spellings(keyword)
-        with _SPELLINGS_LOCK:
-            _SPELLINGS[keyword] = found
-    return found
+spellings = PerIndex(Spellings)  # the keyword index's Spellings, made once per index when a name is not found
 
 
 class Mentions:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from rag_app.engine import Brain
@@ -76,7 +78,9 @@ def test_a_named_thing_the_notes_hold_is_searched_as_before(sample_brain):
     assert "unmentioned" not in found.coverage and found.answer_state == "found"
 
 
-def english_home(tmp_path: Path, home: Path) -> Brain:
+@pytest.fixture
+def english_home(tmp_path: Path, home: Path) -> Path:
+    """A home over a small English vault (and one Chinese note), synced with the fast model."""
     vault = write_files(tmp_path / "vault", {
         "public/import.md": "# Importing notes\n\nThe markdown import keeps the highlights and the frontmatter of "
                             "notes brought over from other tools.\n",
@@ -89,73 +93,63 @@ def english_home(tmp_path: Path, home: Path) -> Brain:
         "private/reading.md": "# Reading\n\nMy Kindle highlights are exported once a month.\n",
     })
     brain = Brain(home)
-    assert not brain.sync(vaults=(str(vault),)).failed
-    return brain
-
-
-def test_a_name_only_a_filtered_out_note_holds_counts_as_unmentioned(tmp_path, home):
-    """What a filtered search (every agent search) is told must not depend on the notes it may not show."""
-    brain = english_home(tmp_path, home)
     try:
-        question = "import my Kindle highlights into notes"
-        assert "unmentioned" not in brain.search(question, 5, expand=False).coverage
-        hidden = brain.search(question, 5, expand=False, path_prefix="public/")
-        assert hidden.coverage["unmentioned"] == ["Kindle"] and hidden.answer_state == "not_found"
+        assert not brain.sync(vaults=(str(vault),)).failed
     finally:
         brain.close()
+    return home
 
 
-def test_a_name_the_notes_spell_apart_accent_or_only_name_a_note_by_is_mentioned(tmp_path, home):
+@pytest.fixture
+def english_brain(english_home: Path) -> Iterator[Brain]:
+    brain = Brain(english_home)
+    yield brain
+    brain.close()
+
+
+def test_a_name_only_a_filtered_out_note_holds_counts_as_unmentioned(english_brain):
+    """What a filtered search (every agent search) is told must not depend on the notes it may not show."""
+    question = "import my Kindle highlights into notes"
+    assert "unmentioned" not in english_brain.search(question, 5, expand=False).coverage
+    hidden = english_brain.search(question, 5, expand=False, path_prefix="public/")
+    assert hidden.coverage["unmentioned"] == ["Kindle"] and hidden.answer_state == "not_found"
+
+
+def test_a_name_the_notes_spell_apart_accent_or_only_name_a_note_by_is_mentioned(english_brain):
     """VSCode for VS Code, WiFi for Wi-Fi, Postgres for PostgreSQL, Zurich for Zürich, Goedel for Gödel, a file name
     (Kobo) and an alias (Tolino) the text never says: a false "not in your notes" costs an answer the person wrote
     down."""
-    brain = english_home(tmp_path, home)
-    try:
-        for question in ("How does the VSCode settings sync work?", "Why does the WiFi block the sync?",
-                         "When do the Postgres dumps run?", "How long did I stay in Zurich?",
-                         "Where did I read Goedel?",
-                         "How long does the Kobo last?", "How long does my Tolino last?"):
-            found = brain.search(question, 5, expand=False)
-            assert "unmentioned" not in found.coverage, question
-    finally:
-        brain.close()
+    for question in ("How does the VSCode settings sync work?", "Why does the WiFi block the sync?",
+                     "When do the Postgres dumps run?", "How long did I stay in Zurich?",
+                     "Where did I read Goedel?",
+                     "How long does the Kobo last?", "How long does my Tolino last?"):
+        found = english_brain.search(question, 5, expand=False)
+        assert "unmentioned" not in found.coverage, question
 
 
-def test_a_year_no_note_mentions_or_is_dated_in_is_not_in_your_notes(tmp_path, home):
+def test_a_year_no_note_mentions_or_is_dated_in_is_not_in_your_notes(english_brain):
     """The time phrase filters nothing (no note is dated in 2019), so it stays in the question, and no note says it."""
-    brain = english_home(tmp_path, home)
-    try:
-        found = brain.search("What did I read on the train in 2019?", 5, expand=False)
-        assert found.coverage["time_phrase_ignored"] and found.coverage["unmentioned"] == ["2019"]
-        assert found.answer_state == "not_found"
-    finally:
-        brain.close()
+    found = english_brain.search("What did I read on the train in 2019?", 5, expand=False)
+    assert found.coverage["time_phrase_ignored"] and found.coverage["unmentioned"] == ["2019"]
+    assert found.answer_state == "not_found"
 
 
-def test_an_english_question_whose_leads_are_chinese_notes_is_not_read_for_names(tmp_path, home):
+def test_an_english_question_whose_leads_are_chinese_notes_is_not_read_for_names(english_brain):
     """A note in Chinese writes Chengdu as 成都: the name may be its subject though no note spells it in Latin."""
-    brain = english_home(tmp_path, home)
-    try:
-        found = brain.search("What did I eat in Chengdu?", 5, expand=False)
-        assert "成都三日" in [r["title"] for r in found.results[:3]]
-        assert "unmentioned" not in found.coverage
-    finally:
-        brain.close()
+    found = english_brain.search("What did I eat in Chengdu?", 5, expand=False)
+    assert "成都三日" in [r["title"] for r in found.results[:3]]
+    assert "unmentioned" not in found.coverage
 
 
-def test_a_name_an_agents_variant_does_not_need_is_not_held_against_the_question(tmp_path, home):
-    brain = english_home(tmp_path, home)
-    try:
-        question = "how do I keep notes in sync over WebDAV"
-        assert brain.search(question, 5, expand=False).coverage["unmentioned"] == ["WebDAV"]
-        found = brain.search(question, 5, variants=["vault sync over git"])
-        assert "unmentioned" not in found.coverage
-    finally:
-        brain.close()
+def test_a_name_an_agents_variant_does_not_need_is_not_held_against_the_question(english_brain):
+    question = "how do I keep notes in sync over WebDAV"
+    assert english_brain.search(question, 5, expand=False).coverage["unmentioned"] == ["WebDAV"]
+    found = english_brain.search(question, 5, variants=["vault sync over git"])
+    assert "unmentioned" not in found.coverage
 
 
-def test_the_cli_says_which_name_no_note_mentions(tmp_path, home):
-    english_home(tmp_path, home).close()
+def test_the_cli_says_which_name_no_note_mentions(english_home):
+    home = english_home
     runner = CliRunner()
     shown = runner.invoke(cli.main, ["--home", str(home), "--no-daemon", "search", "sync my vault over WebDAV"])
     assert shown.exit_code == 0, shown.output
