@@ -14,6 +14,14 @@ from typing import Any
 HAN_CHARS = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 HAN = re.compile(f"[{HAN_CHARS}]")
 HAN_RUN = re.compile(f"[{HAN_CHARS}]+")
+_LATIN_LETTER = re.compile(r"[A-Za-z]")
+
+
+def is_chinese(text: str) -> bool:
+    """Whether a text reads as Chinese: Han characters are at least 30 % of its letters (EMNLP2022的举办地 is; a note
+    in English quoting one Chinese title is not)."""
+    han = len(HAN.findall(text))
+    return han > 0 and han >= 0.3 * (han + len(_LATIN_LETTER.findall(text)))
 # A fenced code block opens on a line whose first non-blank characters are three or more backticks or tildes (a
 # backtick fence's info string holds no backtick: ```a`b is inline code) and closes on a line that is a run of the
 # same character at least as long with nothing after it that could name a language (```python opens, never closes;

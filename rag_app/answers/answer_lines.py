@@ -16,6 +16,8 @@ import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from readers.markdown_syntax import is_chinese
+
 TITLE_DISCOUNT = 0.3  # a question word that is in the title says which note, not which line
 SECTION_SHARE = 0.5  # a word in the line's section heading counts half
 MEANING_WEIGHT = 1.0  # the cosine's weight beside the words' (normalised to the best line's)
@@ -119,7 +121,7 @@ class LineScorer:
             if t in weights:
                 weights[t] *= FOCUS_WEIGHT
         kinds = tuple(line for asked, line in _KINDS if asked.search(question))
-        return cls(terms, weights, bool(_ASKS_AMOUNT.search(question)), similarity, _is_han(question), kinds)
+        return cls(terms, weights, bool(_ASKS_AMOUNT.search(question)), similarity, is_chinese(question), kinds)
 
     def scores(self, units: list[tuple[str, str]], title: str) -> list[float]:
         """One score per (section, text) unit: the higher, the more likely the line answers."""
@@ -133,7 +135,7 @@ class LineScorer:
             cosines = self.similarity([units[k][1] if units[k][0] in ("", title) else f"{units[k][0]} {units[k][1]}"
                                        for k in ranked])  # the title is every line's: it would favour the first
             weight = MEANING_WEIGHT
-            if self.han is not None and _is_han("".join(text for _, text in units)) != self.han:
+            if self.han is not None and is_chinese("".join(text for _, text in units)) != self.han:
                 weight *= OTHER_LANGUAGE  # its words can hardly be the note's: what a line means is what is left
             for k, cosine in zip(ranked, cosines or [], strict=False):
                 scores[k] += weight * cosine
@@ -163,14 +165,6 @@ class LineScorer:
         return sum(t in self.weights for t in words) * 2 > len(words)
 
 
-def _is_han(text: str) -> bool:
-    """Chinese: Han characters are at least 30 % of the letters."""
-    han = len(_HAN_CHAR.findall(text))
-    return han >= 0.3 * (han + len(_LATIN_LETTER.findall(text)))
-
-
-_HAN_CHAR = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
-_LATIN_LETTER = re.compile(r"[A-Za-z]")
 
 
 def _focus(question: str) -> set[str]:

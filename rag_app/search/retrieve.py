@@ -56,6 +56,7 @@ from rag_app.search.query import (
 from rag_app.search.relevance_features import Contains, QueryTerms, note_evidence
 from rag_app.search.time_phrases import extract_time_range
 from rag_app.search.unmentioned import Mentions, unmentioned
+from readers.markdown_syntax import is_chinese
 from readers.records import decode_list
 
 EXCERPT_CHARS = 300
@@ -681,13 +682,13 @@ class NoteFusionRetriever(QueryFusionRetriever):
         for result in results:
             rate(result, evidence[result["note_id"]], translated, heard)
         topics_used = False
+        notes = {c.rpartition(":chunk:")[0] or c for c in allowed} if allowed is not None else None
         if mode == "hybrid" and (not results or results[0]["relevance"] < relevance.STRONG):
             # words did not settle it: what the notes are about may (a topical question); skipped otherwise, so a
             # lookup the words answer never loads the fast model for it
-            notes = {c.rpartition(":chunk:")[0] or c for c in allowed} if allowed is not None else None
             topics_used = self._by_topic(index, text, results, notes, evidence, pool)
         self._follow_links(index, text, results, allowed, evidence, pool, (translated, heard))
-        absent = self._unmentioned(index, text, allowed, results)
+        absent = self._unmentioned(index, text, allowed, notes, results)
         if absent:  # an absent subject: whatever else matched is a lead, not an answer
             for result in results:
                 result["relevance"] = min(result["relevance"], relevance.RELATED - 0.01)
@@ -839,18 +840,19 @@ class NoteFusionRetriever(QueryFusionRetriever):
             return chinese_gloss(text, uses=keyword.df, words=stems)
         return None
 
-    def _unmentioned(self, index: SearchIndex, text: str, allowed: set[str] | None,
+    def _unmentioned(self, index: SearchIndex, text: str, allowed: set[str] | None, notes: set[str] | None,
                      results: list[dict[str, Any]]) -> list[str]:
         """The names the question asks about that no note the search may show mentions (rag_app.search.unmentioned),
         when each query the caller gave (the question, its variants) names one. Not for an English question whose
         leads are notes in Chinese: those write Chengdu as 成都."""
         keyword = index.keyword()
-        mentions = Mentions(keyword, allowed, lambda: index.link_resolver().named)
+        mentions = Mentions(keyword, allowed, notes, lambda: index.link_resolver().named)
         english = keyword.han_share < TRANSLATE_HAN
         absent = unmentioned(text, mentions, english)
         if not absent or any(not unmentioned(v, mentions, english) for v in self.variants or []):
             return []
-        if not HAN_RUN.search(text) and any(_mostly_han(r) for r in results[:3]):
+        if not HAN_RUN.search(text) and any(is_chinese(" ".join(c["text"] for c in r.get("chunks") or []))
+                                            for r in results[:3]):
             return []
         return absent
 
@@ -952,13 +954,6 @@ QUERY_GEN_PROMPT = (
     "Question: {query}\nQueries:\n"
 )
 LLM_METADATA = ("title", "path", "url", "tags", "created", "updated")  # what an LLM sees of a note besides its text
-
-
-def _mostly_han(result: dict[str, Any]) -> bool:
-    """Whether a result's matched passage is mostly Chinese (Han characters are most of its letters)."""
-    text = " ".join(chunk["text"] for chunk in result.get("chunks") or [])
-    han = sum(map(len, HAN_RUN.findall(text)))
-    return han > sum(c.isascii() and c.isalpha() for c in text)
 
 
 def _known_share(keyword: KeywordIndex, text: str) -> float:

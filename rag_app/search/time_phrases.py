@@ -12,6 +12,7 @@ from dataclasses import dataclass
 _MONTHS = {m: i for i, m in enumerate(
     "january february march april may june july august september october november december".split(), 1)}
 _MONTH_ABBR = {m[:3]: i for m, i in _MONTHS.items()}
+MONTH_NAMES = frozenset(_MONTHS) | frozenset(_MONTH_ABBR)  # a month is a time, not a subject (search.unmentioned)
 
 
 @dataclass

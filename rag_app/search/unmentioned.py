@@ -20,7 +20,8 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from rag_app.index.keyword import PerIndex, tokenize
-from readers.markdown_syntax import HAN
+from rag_app.search.time_phrases import MONTH_NAMES
+from readers.markdown_syntax import is_chinese
 
 if TYPE_CHECKING:
     import numpy as np
@@ -37,10 +38,9 @@ _SENTENCE_END = re.compile(r"[.?!:;\"'“‘(\[。！？：；]\s*$")
 _SEPARATORS = re.compile(r"[._\-/:@]")
 _UMLAUT = re.compile(r"(?<=[a-z])(?:oe|ue|ae)")  # German ö, ü, ä as typed without them
 _PARTS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")  # VSCode → VS, Code
-TIME_WORDS = frozenset(
-    "january february march april may june july august september october november december "
-    "jan feb mar apr jun jul aug sep sept oct nov dec am pm "
-    "monday tuesday wednesday thursday friday saturday sunday mon tue tues wed thu thur thurs fri sat sun".split())
+TIME_WORDS = MONTH_NAMES | frozenset(
+    "sept am pm monday tuesday wednesday thursday friday saturday sunday mon tue tues wed thu thur thurs fri sat "
+    "sun".split())
 LONGEST_NAME = 40  # characters: a longer "word" (A.A.A.…) is pasted text, not a name
 MAX_NAMES = 5  # named back to the person at most
 MAX_CHECKED = 20  # names of one question looked up
@@ -61,8 +61,7 @@ def names(question: str, english_home: bool) -> list[str]:
     question is anchored to (`_YEAR`) in any language."""
     found: dict[str, str] = {year: year for pair in _YEAR.findall(question) for year in pair if year}
     letters = [c for c in question if c.isascii() and c.isalpha()]
-    han = len(HAN.findall(question))
-    chinese = han > 0 and han >= 0.3 * (han + len(letters))  # EMNLP2022的举办地 is a Chinese question
+    chinese = is_chinese(question)
     if not chinese and (not english_home or sum(c.isupper() for c in letters) > 0.6 * len(letters)):
         return list(found.values())
     for line in question.splitlines():
@@ -128,12 +127,13 @@ class Mentions:
     """Whether the notes a search may show (`allowed` chunk ids, None for all) mention a name: as BM25 reads them,
     spelled apart (`Spellings`, or its capitalised parts each held: VS Code for VSCode), or as a note's alias or file
     name (`aliases`: token → note ids, asked only when the words do not settle it). With a filter only the notes it
-    allows count: a private note that names it changes nothing an agent is told."""
+    allows count (`notes`: theirs): a private note that names it changes nothing an agent is told."""
 
-    def __init__(self, keyword: KeywordIndex, allowed: set[str] | None,
+    def __init__(self, keyword: KeywordIndex, allowed: set[str] | None, notes: set[str] | None,
                  aliases: Callable[[], Callable[[str], Iterable[str]]]):
         self.keyword = keyword
         self.allowed = allowed
+        self.notes = notes  # the notes of the `allowed` chunks
         self.aliases = aliases
         self._rows: np.ndarray | None = None
 
@@ -141,17 +141,15 @@ class Mentions:
         tokens = tokenize(name)
         if not tokens or self._held(tokens):
             return True
-        parts = _PARTS.findall(name)
-        if len(parts) > 1 and all(not tokenize(p) or self._held(tokenize(p)) for p in parts):
+        parts = [tokenize(part) for part in _PARTS.findall(name)]
+        if len(parts) > 1 and all(not part or self._held(part) for part in parts):
             return True
         others = spellings(self.keyword).of(name)
         if others and self._held(others):
             return True
         holders = self.aliases()
-        notes = {note for token in tokens for note in holders(token)}
-        if self.allowed is None:
-            return bool(notes)
-        return any((chunk.rpartition(":chunk:")[0] or chunk) in notes for chunk in self.allowed)
+        named = {note for token in tokens for note in holders(token)}
+        return bool(named if self.notes is None else named & self.notes)
 
     def _held(self, tokens: list[str]) -> bool:
         """Whether a chunk the search may show holds one of the tokens."""
