@@ -39,6 +39,7 @@ from rag_app.search.cross_language import (
     content_words,
     distinctive_words,
     english_gloss,
+    english_lexicon,
     english_words,
     language_of,
 )
@@ -55,7 +56,7 @@ from rag_app.search.query import (
 )
 from rag_app.search.relevance_features import Contains, QueryTerms, note_evidence
 from rag_app.search.time_phrases import extract_time_range
-from rag_app.search.unmentioned import Mentions, unmentioned
+from rag_app.search.unmentioned import Mentions, nonwords, unmentioned
 from readers.markdown_syntax import is_chinese
 from readers.records import decode_list
 
@@ -843,18 +844,20 @@ class NoteFusionRetriever(QueryFusionRetriever):
     def _unmentioned(self, index: SearchIndex, text: str, allowed: set[str] | None, notes: set[str] | None,
                      results: list[dict[str, Any]]) -> list[str]:
         """The names the question asks about that no note the search may show mentions (rag_app.search.unmentioned),
-        when each query the caller gave (the question, its variants) names one. Not for an English question whose
-        leads are notes in Chinese: those write Chengdu as 成都."""
+        or its words when none can be read (`nonwords`), when each query the caller gave (the question, its variants)
+        says so. A name is not checked for an English question whose leads are notes in Chinese: those write Chengdu
+        as 成都; a word no dictionary knows is written the same in any note."""
         keyword = index.keyword()
         mentions = Mentions(keyword, allowed, notes, lambda: index.link_resolver().named)
         english = keyword.han_share < TRANSLATE_HAN
         absent = unmentioned(text, mentions, english)
-        if not absent or any(not unmentioned(v, mentions, english) for v in self.variants or []):
-            return []
-        if not HAN_RUN.search(text) and any(is_chinese(" ".join(c["text"] for c in r.get("chunks") or []))
-                                            for r in results[:3]):
-            return []
-        return absent
+        if absent and not HAN_RUN.search(text) and any(
+                is_chinese(" ".join(c["text"] for c in r.get("chunks") or [])) for r in results[:3]):
+            absent = []
+        if absent and all(unmentioned(v, mentions, english) for v in self.variants or []):
+            return absent
+        absent = nonwords(text, mentions, english_lexicon)
+        return absent if all(nonwords(v, mentions, english_lexicon) for v in self.variants or []) else []
 
     @staticmethod
     def _heard(keyword: KeywordIndex, gloss: str) -> bool:

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from typing import TYPE_CHECKING
 
-from rag_app.index.keyword import PerIndex, tokenize
+from rag_app.index.keyword import EN_STOPWORDS, HAN_RUN, PerIndex, _stemmer, tokenize
 from rag_app.search.time_phrases import MONTH_NAMES
 from readers.markdown_syntax import is_chinese
 
@@ -35,6 +35,7 @@ _YEAR = re.compile(r"(?<![\d.])((?:19|20)\d\d)(?=\s*年)|"
                    r"\b(?:in|since|during|from|before|after|until)\s+((?:19|20)\d\d)(?!\d)", re.IGNORECASE)
 _LATIN_WORD = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[.\-][A-Za-z0-9]+)*")
 _SENTENCE_END = re.compile(r"[.?!:;\"'“‘(\[。！？：；]\s*$")
+_LETTERS = re.compile(r"[A-Za-z]+")
 _SEPARATORS = re.compile(r"[._\-/:@]")
 _UMLAUT = re.compile(r"(?<=[a-z])(?:oe|ue|ae)")  # German ö, ü, ä as typed without them
 _PARTS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")  # VSCode → VS, Code
@@ -92,6 +93,21 @@ def unmentioned(question: str, mentioned: Callable[[str], bool], english_home: b
     """The question's names (`names`; the first MAX_CHECKED: more is pasted text) that `mentioned` says no note the
     search may show holds, at most MAX_NAMES."""
     return [name for name in names(question, english_home)[:MAX_CHECKED] if not mentioned(name)][:MAX_NAMES]
+
+
+def nonwords(question: str, mentioned: Callable[[str], bool], lexicon: Callable[[], Container[str]]) -> list[str]:
+    """A question no reader can read, its words named back as absent subjects are (at most MAX_NAMES): one of Latin
+    letters only (no Han character, no digit) none of whose content words the notes the search may show hold
+    (`mentioned`) or the dictionary's English knows (`lexicon`: stems, asked last; tdipmhotpcsepw, a cat on the
+    keyboard). [] when any word is read: one known word makes it a question with a subject to look for."""
+    if HAN_RUN.search(question) or any(c.isdigit() for c in question):
+        return []
+    words = list(dict.fromkeys(w for w in _LETTERS.findall(question) if w.lower() not in EN_STOPWORDS))
+    if not words or len(words) > MAX_CHECKED or any(mentioned(w) for w in words):
+        return []
+    known = lexicon()
+    stems = _stemmer().stemWords([w.lower() for w in words])
+    return [] if any(stem in known for stem in stems) else words[:MAX_NAMES]
 
 
 class Spellings:

@@ -10,7 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from rag_app.engine import Brain
-from rag_app.search.unmentioned import names, unmentioned
+from rag_app.search.cross_language import english_lexicon
+from rag_app.search.unmentioned import names, nonwords, unmentioned
 from rag_app.shells import cli
 from tests.conftest import write_files
 
@@ -62,6 +63,34 @@ def test_an_english_question_about_notes_mostly_in_chinese_is_not_read_for_names
 def test_only_the_names_no_note_holds_are_unmentioned():
     held = {"gina"}
     assert unmentioned("How do Jon and Gina relax?", lambda n: n.lower() in held, english_home=True) == ["Jon"]
+
+
+def test_a_question_of_words_no_note_holds_and_no_dictionary_knows_is_unreadable():
+    def nothing_held(word: str) -> bool:
+        return False
+
+    assert nonwords("tdipmhotpcsepw", nothing_held, english_lexicon) == ["tdipmhotpcsepw"]
+    assert nonwords("what is opwphforlfgy?", nothing_held, english_lexicon) == ["opwphforlfgy"]
+
+
+def test_one_readable_word_makes_a_question_readable():
+    """A dictionary word, a word the notes hold, a Han character or a number: there is a subject to look for."""
+    def nothing_held(word: str) -> bool:
+        return False
+
+    assert nonwords("what time do I go to bed", nothing_held, english_lexicon) == []
+    assert nonwords("kazoo glaciers", nothing_held, english_lexicon) == []
+    assert nonwords("tdipmhotpcsepw syncthing", lambda w: w == "syncthing", english_lexicon) == []
+    assert nonwords("opwphforlfgy 笔记", nothing_held, english_lexicon) == []
+    assert nonwords("opwphforlfgy 2024", nothing_held, english_lexicon) == []
+
+
+def test_an_unreadable_question_is_not_in_your_notes_even_where_the_notes_are_chinese(sample_brain):
+    """Its letters matched a Chinese note by meaning alone (a chemical's name, 0.67 by title); a word no dictionary
+    knows is spelled the same in any note, so the notes' language is no reason to doubt it."""
+    found = sample_brain.search("tdipmhotpcsepw", 5, expand=False)
+    assert found.answer_state == "not_found" and found.coverage["unmentioned"] == ["tdipmhotpcsepw"]
+    assert sample_brain.search("what time do I go to bed", 5, expand=False).answer_state == "found"
 
 
 def test_a_chinese_question_naming_an_absent_tool_is_not_in_your_notes_and_says_why(sample_brain):
