@@ -287,6 +287,8 @@ class RetrievalSection(_Section):
     vector_floor: float = Field(0.5, ge=0, le=1)  # e5's say when BM25 covers none of the query (all of it at full)
     lead_idf: float = Field(3.0, ge=0)  # BM25's best chunk goes first over chunks lacking words it has worth this IDF
     lead_coverage: float = Field(0.5, ge=0, le=1)  # ... when it covers at least this share of the query (0 idf: off)
+    feedback_chunks: int = Field(3, ge=1, le=20)  # a dense channel asked again toward the query's first fused chunks
+    feedback_weight: float = Field(0.5, ge=0, le=5)  # ... their mean vector's weight at no BM25 coverage (0: off)
 
 
 class LLMSection(_Section):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import marshal
+import math
 import os
 import re
 import sqlite3
@@ -296,10 +297,17 @@ class KeywordIndex:
         self.row = {chunk_id: i for i, chunk_id in enumerate(ids)}
         self._df: np.ndarray | None = None
 
-    def df(self, token: str) -> int:
-        """How many chunks contain a token."""
+    def df(self, token: str, rows: np.ndarray | None = None) -> int:
+        """How many chunks contain a token; with `rows` (`rows_of`), how many of those."""
+        import numpy as np
+
         column = self.bm25.vocab_dict.get(token) if self.ids else None
-        return 0 if column is None else int(self._dfs()[column])
+        if column is None:
+            return 0
+        if rows is None:
+            return int(self._dfs()[column])
+        indptr, indices = self.bm25.scores["indptr"], self.bm25.scores["indices"]
+        return int(np.isin(indices[indptr[column]: indptr[column + 1]], rows).sum())
 
     def _dfs(self) -> np.ndarray:
         """Every column's document frequency, from the posting lists (read once)."""
@@ -326,10 +334,8 @@ class KeywordIndex:
 
     def idf(self, token: str) -> float | None:
         """Inverse document frequency of a token, or None when no chunk has it."""
-        import numpy as np
-
         df = self.df(token)
-        return float(np.log(1 + (len(self.ids) - df + 0.5) / (df + 0.5))) if df else None
+        return math.log(1 + (len(self.ids) - df + 0.5) / (df + 0.5)) if df else None
 
     def term_matrix(self, query_tokens: list[str], chunk_ids: list[str]) -> tuple[list[float | None], np.ndarray]:
         """Each query token's IDF (None when no chunk has it) and which chunks contain which token (a boolean

@@ -362,18 +362,27 @@ class KeywordRetriever(BaseRetriever):
         super().__init__()
         self.index, self.top_k, self.allowed = index, top_k, allowed
         self.terms: dict[str, QueryTerms] = {}
+        self._rows: np.ndarray | None = None  # the index rows of `allowed`, once
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         tokens = self.query_terms(query_bundle.query_str).tokens
         return self.index.nodes(self._search(tokens))
 
     def query_terms(self, query: str) -> QueryTerms:
-        """The query's tokens with their IDF and document frequency in this index."""
+        """The query's tokens with their IDF and document frequency in this index. With a filter, a word no chunk it
+        allows holds is unknown (IDF None, document frequency 0), as in a home without the notes it hides: an
+        agent's relevance figures must not tell whether a private memo holds a word. The IDF of a word it allows is
+        the index's, as the relevance model was fitted on."""
         if query not in self.terms:
             keyword = self.index.keyword()
             tokens = tokenize(query)
-            self.terms[query] = QueryTerms(tokens, [keyword.idf(t) for t in tokens], [keyword.df(t) for t in tokens],
-                                           len(keyword.ids))
+            idfs, dfs = [keyword.idf(t) for t in tokens], [keyword.df(t) for t in tokens]
+            if self.allowed is not None:
+                if self._rows is None:
+                    self._rows = keyword.rows_of(self.allowed)
+                dfs = [keyword.df(t, self._rows) if df else 0 for t, df in zip(tokens, dfs, strict=True)]
+                idfs = [idf if df else None for idf, df in zip(idfs, dfs, strict=True)]
+            self.terms[query] = QueryTerms(tokens, idfs, dfs, len(keyword.ids))
         return self.terms[query]
 
     def contains(self, query: str, chunk_ids: list[str]) -> np.ndarray:
@@ -415,15 +424,42 @@ class VectorRetriever(BaseRetriever):
             return []
 
     def _similar(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        if not self._searchable():
+            return []
+        return self._nearest([self.index.embed_query(text, self.model) for text in self._texts(query_bundle.query_str)])
+
+    def feedback(self, query: str, chunk_ids: list[str], weight: float) -> list[NodeWithScore]:
+        """The channel asked again, each query vector moved toward the mean of `chunk_ids`' vectors (`weight`: that
+        mean's share; Rocchio's pseudo-relevance feedback): a paraphrase whose first hits are right finds their
+        neighbours, the notes of the same kind ("every note about …"). [] when the store cannot give the vectors."""
+        try:
+            if not self._searchable() or not chunk_ids:
+                return []
+            got = self.index.collection(self.model).get(ids=chunk_ids, include=["embeddings"])
+            if not len(got["ids"]):
+                return []
+            centre = _unit(np.asarray(got["embeddings"], dtype=np.float32)).mean(axis=0)
+            vectors = [np.asarray(self.index.embed_query(text, self.model), dtype=np.float32) + weight * centre
+                       for text in self._texts(query)]
+            return self._nearest(_unit(np.asarray(vectors)).tolist())
+        except Exception as exc:  # noqa: BLE001 - a store gone meanwhile: the first answer stands
+            if not unreachable(exc):
+                raise
+            return []
+
+    def _searchable(self) -> bool:
+        return (self.index.collection(self.model) is not None and self.index.collection_size(self.model) > 0
+                and (self.allowed is None or bool(self.allowed)))
+
+    @staticmethod
+    def _texts(query: str) -> list[str]:
+        folded = to_simplified(query)
+        return [query] if folded == query else [query, folded]  # Traditional: notes may be in either script
+
+    def _nearest(self, vectors: list[list[float]]) -> list[NodeWithScore]:
+        """The chunks nearest any of the vectors, best first (with filters, exact over the allowed chunks when few)."""
         collection = self.index.collection(self.model)
         size = self.index.collection_size(self.model)
-        if collection is None or size == 0 or (self.allowed is not None and not self.allowed):
-            return []
-        texts = [query_bundle.query_str]
-        folded = to_simplified(query_bundle.query_str)
-        if folded != texts[0]:
-            texts.append(folded)  # Traditional query: notes may be in either script, the best match counts
-        vectors = [self.index.embed_query(text, self.model) for text in texts]
         best: dict[str, float] = {}
         if self.allowed is not None and len(self.allowed) <= self.EXACT_LIMIT:
             got = collection.get(ids=sorted(self.allowed), include=["embeddings"])
@@ -628,6 +664,8 @@ class NoteFusionRetriever(QueryFusionRetriever):
         self.channel_hits: dict[str, int] = {n: 0 for n in names}
         self.channel_weights: dict[str, list[float]] = {n: [] for n in names}
         self.channel_skipped: dict[str, int] = {n: 0 for n in names}
+        self.feedback: dict[tuple[str, int], list[NodeWithScore]] = {}  # dense runs asked again (`_feed_back`)
+        self.translated: set[str] = set()  # the `extra` queries of `fuse`: translations, never fed back
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         return [note_node(result) for result in self.search(query_bundle.query_str).results]
@@ -875,6 +913,7 @@ class NoteFusionRetriever(QueryFusionRetriever):
         class's hooks."""
         with self._search_lock:
             self._start([r for _, r in channels], [n for n, _ in channels], config)
+            self.translated = set(extra or [])
             queries = [QueryBundle(text)]
             if self.num_queries > 1:
                 queries.extend(self._get_queries(text))
@@ -900,7 +939,35 @@ class NoteFusionRetriever(QueryFusionRetriever):
                     continue
                 stop_if_cancelled()  # each run may embed a query: a caller gone meanwhile stops the search here
                 results[(text, i)] = retriever.retrieve(query)
+            self._feed_back(text, results)
         return results
+
+    def _feed_back(self, text: str, results: dict[tuple[str, int], list[NodeWithScore]]) -> None:
+        """Each dense channel that found something asked again toward the query's first `feedback_chunks` fused
+        chunks (VectorRetriever.feedback), their weight `feedback_weight` x (1 − BM25 coverage): a query whose words
+        the notes hold is left as it is, and so is one in the other language than the notes' or a translation (on
+        cmrc_en's English questions about Chinese notes, nDCG fell 0.820 → 0.792). The new lists rank
+        (`_reciprocal_rerank_fusion`); the first ones stay the relevance evidence (its similarities are to the
+        question as asked)."""
+        weight = self.config.feedback_weight
+        if not weight or self.config.fusion != "adaptive" or text in self.translated:
+            return
+        dense = [(i, channel) for i, channel in enumerate(self._retrievers)
+                 if isinstance(channel, VectorRetriever) and results.get((text, i))]
+        if not dense or is_chinese(text) != (dense[0][1].index.keyword().han_share >= TRANSLATE_HAN):
+            return  # a question in the other language than the notes': its first hits are often wrong, and drift
+        lists = self._lists(text, results)
+        terms, contains = self._evidence(text)
+        weight *= 1.0 - (bm25_coverage(lists, terms, contains) or 0.0)
+        if weight <= 0:
+            return
+        fused = fuse_query(lists, terms, contains, self.config)
+        top = sorted(fused, key=fused.__getitem__, reverse=True)[: self.config.feedback_chunks]
+        for i, channel in dense:
+            stop_if_cancelled()
+            again = channel.feedback(text, top, weight)
+            if again:
+                self.feedback[(text, i)] = again
 
     def _lists(self, query: str, results: dict[tuple[str, int], list[NodeWithScore]]) -> Lists:
         return {self.names[i]: [(h.node.node_id, float(h.score or 0.0)) for h in hits]
@@ -933,13 +1000,14 @@ class NoteFusionRetriever(QueryFusionRetriever):
             if query not in self.queries_run:
                 self.queries_run.append(query)
             self.channel_hits[self.names[i]] += len(hits)
-            for hit in hits:
+            for hit in [*hits, *self.feedback.get((query, i), [])]:
                 nodes.setdefault(hit.node.node_id, hit)
         candidates = list(nodes)
+        ranking = {**results, **self.feedback}
         fused: dict[str, float] = {}
         for query in self.queries_run:
             weights: dict[str, float] = {}
-            scores = fuse_query(self._lists(query, results), *self._evidence(query), self.config,
+            scores = fuse_query(self._lists(query, ranking), *self._evidence(query), self.config,
                                 candidates=candidates, weights_out=weights)
             for chunk_id, score in scores.items():
                 fused[chunk_id] = fused.get(chunk_id, 0.0) + score

@@ -25,6 +25,7 @@ from rag_app.search.retrieve import (
     NoteFusionRetriever,
     QueryTerms,
     SearchIndex,
+    VectorRetriever,
     bm25_coverage,
     channel_weight,
     confidence,
@@ -55,6 +56,66 @@ def test_english_paraphrase_only_the_vector_channel_can_find(sample_brain):
     assert "insomnia" not in text
     assert top(sample_brain, "how to fix insomnia", 3, mode="bm25")[:1] != ["health/habits.md"]
     assert top(sample_brain, "how to fix insomnia", 3)[0] == "health/habits.md"
+
+
+def chunks_of(index: SearchIndex, path: str) -> list[str]:
+    return [c for c in index.keyword().ids if c.startswith(f"vault:sample_vault/{path}:chunk:")]
+
+
+def test_a_dense_channel_asked_again_moves_toward_the_chunks_it_is_given(sample_home):
+    """Pseudo-relevance feedback (Rocchio): the query vector plus the mean of the given chunks' vectors."""
+    index = SearchIndex(load_settings(sample_home))
+    try:
+        films = chunks_of(index, "生活/电影清单.md")
+        channel = VectorRetriever(index, 10, None)
+        first = [n.node.node_id for n in channel.retrieve("git undo a commit")]
+        assert not set(films) & set(first[:3])
+        again = [n.node.node_id for n in channel.feedback("git undo a commit", films[:1], 10.0)]
+        assert again[0] in films
+        assert [n.node.node_id for n in channel.feedback("git undo a commit", films[:1], 0.0)] == first
+        assert channel.feedback("git undo a commit", [], 1.0) == []
+    finally:
+        index.close()
+
+
+def test_feedback_never_leaves_what_the_filters_allow(sample_home):
+    index = SearchIndex(load_settings(sample_home))
+    try:
+        work = {c for c in index.keyword().ids if c.startswith("vault:sample_vault/work/")}
+        films = chunks_of(index, "生活/电影清单.md")
+        again = VectorRetriever(index, 10, work).feedback("想看的电影", films, 10.0)
+        assert again and {n.node.node_id for n in again} <= work
+    finally:
+        index.close()
+
+
+def test_a_paraphrase_is_fed_back_a_lookup_and_a_question_in_the_other_language_are_not(sample_brain):
+    """The sample vault is mostly Chinese: 观影 (no word of it in the notes) is fed back, 番茄炒蛋 (every word held)
+    and "movies I want to watch" (English) are not. Feedback ranks; the relevance evidence is the first lists'."""
+    retriever = sample_brain.as_retriever(k=5)
+    paraphrase = retriever.search("观影")
+    assert retriever.feedback and {retriever.names[i] for _, i in retriever.feedback} <= {"vector", "vector2"}
+    assert paraphrase.results[0]["path"] == "生活/电影清单.md"
+    retriever.search("番茄炒蛋")
+    assert retriever.feedback == {}
+    retriever.search("movies I want to watch")
+    assert retriever.feedback == {}
+
+
+def test_feedback_off_ranks_as_before_and_rates_alike(sample_home):
+    settings = load_settings(sample_home)
+    settings.retrieval = {**settings.retrieval, "feedback_weight": 0.0}
+    off_index, on_index = SearchIndex(settings), SearchIndex(load_settings(sample_home))
+    try:
+        off = NoteFusionRetriever(off_index, k=5)
+        on = NoteFusionRetriever(on_index, k=5)
+        rated_off = {r["path"]: r["relevance"] for r in off.search("观影").results}
+        rated_on = {r["path"]: r["relevance"] for r in on.search("观影").results}
+        assert off.feedback == {} and on.feedback
+        assert rated_on["生活/电影清单.md"] == rated_off["生活/电影清单.md"]
+    finally:
+        off_index.close()
+        on_index.close()
 
 
 def test_exact_identifier_is_found_by_bm25_and_kept_by_hybrid(sample_brain):

@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from rag_app.config import load_settings
 from rag_app.engine import Brain
 from rag_app.search.cross_language import english_lexicon
+from rag_app.search.retrieve import KeywordRetriever, SearchIndex
 from rag_app.search.unmentioned import names, nonwords, unmentioned
 from rag_app.shells import cli
 from tests.conftest import write_files
@@ -85,6 +87,18 @@ def test_one_readable_word_makes_a_question_readable():
     assert nonwords("opwphforlfgy 2024", nothing_held, english_lexicon) == []
 
 
+def test_a_british_spelling_a_typo_or_pinyin_is_read():
+    """The notes may say license for licence, a reader knows pyhton is python, and 火锅 is written huoguo in letters;
+    the typo is judged by the dictionary alone (a hidden note's words must not decide what an agent is told)."""
+    def held(word: str) -> bool:
+        return word in {"license", "color"}
+
+    assert nonwords("licence", held, english_lexicon) == nonwords("colour", held, english_lexicon) == []
+    assert nonwords("pyhton", lambda w: False, english_lexicon) == []
+    assert nonwords("huoguo", lambda w: False, english_lexicon) == []
+    assert nonwords("zorblax", lambda w: w == "zorbla", english_lexicon) == ["zorblax"]
+
+
 def test_an_unreadable_question_is_not_in_your_notes_even_where_the_notes_are_chinese(sample_brain):
     """Its letters matched a Chinese note by meaning alone (a chemical's name, 0.67 by title); a word no dictionary
     knows is spelled the same in any note, so the notes' language is no reason to doubt it."""
@@ -134,6 +148,28 @@ def english_brain(english_home: Path) -> Iterator[Brain]:
     brain = Brain(english_home)
     yield brain
     brain.close()
+
+
+def test_a_word_only_a_filtered_out_note_holds_is_unknown_to_a_filtered_search(english_home, english_brain):
+    """A word no chunk the filter allows holds is unknown (no IDF): an agent's relevance figures cannot tell whether a
+    private note holds a word (before, a word only a private memo held made the public notes' relevance 16 times a
+    made-up word's)."""
+    index = SearchIndex(load_settings(english_home))
+    try:
+        public = {c for c in index.keyword().ids if "/public/" in c}
+        hidden = KeywordRetriever(index, 50, public).query_terms("Kindle highlights")
+        absent = KeywordRetriever(index, 50, public).query_terms("Zyzzyva highlights")
+        assert hidden.dfs[0] == 0 and hidden.idfs[0] is None
+        assert hidden.idfs[1:] == absent.idfs[1:] and hidden.dfs[1:] == absent.dfs[1:]
+        assert KeywordRetriever(index, 50, None).query_terms("Kindle highlights").dfs[0] == 1
+    finally:
+        index.close()
+
+    def rated(query: str) -> dict[str, float]:
+        found = english_brain.search(query, 5, mode="bm25", path_prefix="public/", expand=False)
+        return {r["path"]: r["relevance"] for r in found.results}
+
+    assert rated("kindle highlights") == rated("zyzzyva highlights")
 
 
 def test_a_name_only_a_filtered_out_note_holds_counts_as_unmentioned(english_brain):
