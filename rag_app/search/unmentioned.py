@@ -137,9 +137,11 @@ def _one_typo_away(word: str) -> list[str]:
     """Every string one deletion, transposition, substitution or insertion of a letter away from `word`."""
     letters = "abcdefghijklmnopqrstuvwxyz"
     splits = [(word[:i], word[i:]) for i in range(len(word) + 1)]
-    return list({*(a + b[1:] for a, b in splits if b), *(a + b[1] + b[0] + b[2:] for a, b in splits if len(b) > 1),
-                 *(a + c + b[1:] for a, b in splits if b for c in letters), *(a + c + b for a, b in splits
-                                                                               for c in letters)})
+    deleted = [head + tail[1:] for head, tail in splits if tail]
+    swapped = [head + tail[1] + tail[0] + tail[2:] for head, tail in splits if len(tail) > 1]
+    replaced = [head + c + tail[1:] for head, tail in splits if tail for c in letters]
+    inserted = [head + c + tail for head, tail in splits for c in letters]
+    return list(dict.fromkeys(deleted + swapped + replaced + inserted))
 
 
 def _pinyin(word: str) -> bool:
