@@ -66,6 +66,7 @@ def coverage(row: dict) -> float:
 def fed_back(cache: dict, dense: dict, config, mode: str, chunks: int, weight: float) -> dict:
     """The cache with each dense list replaced by its feedback list."""
     channel_of = dict(zip(dense, ("vector", "vector2"), strict=False))
+    positions = {model: {c: i for i, c in enumerate(ids)} for model, (ids, _, _) in dense.items()}
     queries = {}
     for qid, row in cache["queries"].items():
         top = [c for c, _ in fused_ranking(row, config, mode)[:chunks]]
@@ -75,8 +76,7 @@ def fed_back(cache: dict, dense: dict, config, mode: str, chunks: int, weight: f
             channel = channel_of[model]
             if mode == "fast" and channel != "vector2":
                 continue
-            position = {c: i for i, c in enumerate(ids)}
-            picked = [position[c] for c in top if c in position]
+            picked = [positions[model][c] for c in top if c in positions[model]]
             vector = query_vectors[qid] + (share * rows[picked].mean(axis=0) if picked else 0.0)
             scores = rows @ (vector / np.linalg.norm(vector))
             again[channel] = [(ids[i], float(scores[i]), ids[i].rpartition(":chunk:")[0].split("/", 1)[1])

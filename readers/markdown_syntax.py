@@ -22,6 +22,8 @@ def is_chinese(text: str) -> bool:
     in English quoting one Chinese title is not)."""
     han = len(HAN.findall(text))
     return han > 0 and han >= 0.3 * (han + len(_LATIN_LETTER.findall(text)))
+
+
 # A fenced code block opens on a line whose first non-blank characters are three or more backticks or tildes (a
 # backtick fence's info string holds no backtick: ```a`b is inline code) and closes on a line that is a run of the
 # same character at least as long with nothing after it that could name a language (```python opens, never closes;

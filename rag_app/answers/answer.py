@@ -152,14 +152,20 @@ def unsure_answer(question: str, results: list[dict[str, Any]], citations: list[
     return "\n".join(lines).rstrip()
 
 
-def unmentioned_sentence(names: list[str], filters: dict[str, Any] | None = None) -> str:
-    """Why the answer is "not in your notes" when the question names what no note mentions (coverage.unmentioned),
-    said of the notes the filters allow when a person set some ("no note matching the filters (tag: 咖啡) …")."""
-    listed = ", ".join(names)
+def unmentioned_clause(names: list[str], filters: dict[str, Any] | None = None) -> str:
+    """"no note mentions X", said of the notes the filters allow when a person set some ("no note matching the
+    filters (tag: 咖啡) mentions X"): why the answer is "not in your notes" (coverage.unmentioned)."""
     which = filters_text(filters or {})
-    if which:
-        return f"No note matching the filters ({which}) mentions {listed}. / 符合筛选条件的笔记里没有提到 {listed}。"
-    return f"No note mentions {listed}. / 笔记里没有提到 {listed}。"
+    notes = f"no note matching the filters ({which})" if which else "no note"
+    return f"{notes} mentions {', '.join(names)}"
+
+
+def unmentioned_sentence(names: list[str], filters: dict[str, Any] | None = None) -> str:
+    """`unmentioned_clause` as a sentence, in English and Chinese."""
+    listed = ", ".join(names)
+    clause = unmentioned_clause(names, filters)
+    chinese = "符合筛选条件的笔记里" if filters_text(filters or {}) else "笔记里"
+    return f"{clause[0].upper()}{clause[1:]}. / {chinese}没有提到 {listed}。"
 
 
 def no_match_answer(filters: dict[str, Any]) -> str:

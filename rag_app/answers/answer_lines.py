@@ -165,8 +165,6 @@ class LineScorer:
         return sum(t in self.weights for t in words) * 2 > len(words)
 
 
-
-
 def _focus(question: str) -> set[str]:
     """The tokens of what the question asks about: the first word after a Chinese question word, the first one or two
     after an English one (up to a stop word)."""

@@ -362,18 +362,7 @@ class KeywordIndex:
 
     def holds(self, tokens: list[str], rows: np.ndarray | None = None) -> bool:
         """Whether some chunk holds one of the tokens; with `rows` (`rows_of`), some chunk of those."""
-        import numpy as np
-
-        for token in tokens:
-            column = self.bm25.vocab_dict.get(token) if self.ids else None
-            if column is None:
-                continue
-            if rows is None:
-                return True
-            indptr, indices = self.bm25.scores["indptr"], self.bm25.scores["indices"]
-            if np.isin(indices[indptr[column]: indptr[column + 1]], rows).any():
-                return True
-        return False
+        return any(self.df(token, rows) for token in tokens)
 
     @staticmethod
     def build(rows: Iterable[tuple[str, list[str]]]) -> KeywordIndex:

@@ -665,7 +665,6 @@ class NoteFusionRetriever(QueryFusionRetriever):
         self.channel_weights: dict[str, list[float]] = {n: [] for n in names}
         self.channel_skipped: dict[str, int] = {n: 0 for n in names}
         self.feedback: dict[tuple[str, int], list[NodeWithScore]] = {}  # dense runs asked again (`_feed_back`)
-        self.translated: set[str] = set()  # the `extra` queries of `fuse`: translations, never fed back
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         return [note_node(result) for result in self.search(query_bundle.query_str).results]
@@ -913,7 +912,6 @@ class NoteFusionRetriever(QueryFusionRetriever):
         class's hooks."""
         with self._search_lock:
             self._start([r for _, r in channels], [n for n, _ in channels], config)
-            self.translated = set(extra or [])
             queries = [QueryBundle(text)]
             if self.num_queries > 1:
                 queries.extend(self._get_queries(text))
@@ -950,7 +948,7 @@ class NoteFusionRetriever(QueryFusionRetriever):
         (`_reciprocal_rerank_fusion`); the first ones stay the relevance evidence (its similarities are to the
         question as asked)."""
         weight = self.config.feedback_weight
-        if not weight or self.config.fusion != "adaptive" or text in self.translated:
+        if not weight or self.config.fusion != "adaptive" or text == self.translation:
             return
         dense = [(i, channel) for i, channel in enumerate(self._retrievers)
                  if isinstance(channel, VectorRetriever) and results.get((text, i))]

@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 import click
 
-from rag_app.answers.answer import NOT_FOUND, AnswerResponse, filters_text, readable_excerpt
+from rag_app.answers.answer import NOT_FOUND, AnswerResponse, filters_text, readable_excerpt, unmentioned_clause
 from rag_app.answers.llm import missing_message
 from rag_app.engine import (
     BackgroundWatch,
@@ -414,9 +414,8 @@ def _print_results(response: Any) -> None:
         click.echo(_store_down_line(response.coverage), err=True)
     if response.results and response.not_found:
         absent = response.coverage.get("unmentioned")
-        which = filters_text(response.coverage.get("filters") or {})
-        notes = f"no note matching the filters ({which})" if which else "no note"
-        why = f"{notes} mentions {', '.join(absent)}" if absent else "nothing here seems to answer it"
+        why = unmentioned_clause(absent, response.coverage.get("filters")) if absent else (
+            "nothing here seems to answer it")
         click.echo(f"not in your notes: {_plain(why)}; the nearest notes, as leads:")
     elif response.results and response.answer_state == "unsure":
         closest = ", ".join(_plain(r["title"]) for r in response.results[:3])
