@@ -395,8 +395,9 @@ def passage(markdown: str, terms: list[str], limit: int = PASSAGE_CHARS, scorer:
             title: str = "") -> tuple[str, str]:
     """(section heading, markdown): the part of a note or chunk that best answers, cut between whole blocks (a table
     keeps its header, code its fences) within one section, the terms in bold (not inside code). With a `scorer`
-    the block holding the best-scored line is chosen and that line is kept (answer_lines); without, the block with
-    the most of the terms."""
+    the block holding the best-scored line is chosen and that line is kept (answer_lines), unless the main model,
+    reading a short passage around each of the best REREAD_CANDIDATES blocks' lines, finds another clearly closer to
+    the question; without, the block with the most of the terms."""
     every = _blocks(readable_inline(markdown))
     blocks = [b for b in every if b.kind != "heading"]
     if not blocks:
@@ -414,11 +415,49 @@ def passage(markdown: str, terms: list[str], limit: int = PASSAGE_CHARS, scorer:
         for (k, unit), score in zip(units, scores, strict=True):
             if score > rank[k]:
                 rank[k], prefer[k] = score, unit
-        best = max(range(len(blocks)), key=lambda k: (rank[k], -k))
+        order = sorted(range(len(blocks)), key=lambda k: (-rank[k], k))
+        if scorer.rereads(prefer.get(order[0])):
+            candidates = [k for k in order[:REREAD_CANDIDATES] if rank[k] > float("-inf")]
+            read = [_assemble(blocks, k, rank, prefer, terms, min(REREAD_CHARS, limit)) for k in candidates]
+            best = candidates[_reread(scorer, candidates, rank, read, title)]
+        else:
+            best = order[0]
     else:
         rank = {k: float(_hits(b.text, terms)) for k, b in enumerate(blocks)}
         best = max(range(len(blocks)), key=lambda k: (_hits(blocks[k].text, terms) + (
             _hits(blocks[k].section, terms) if blocks[k].level > 1 else 0), -k))
+    return _assemble(blocks, best, rank, prefer, terms, limit)
+
+
+REREAD_CANDIDATES = 4  # the best-scored blocks whose passages the main model reads (the line that answers was in the
+# best 4 for 153 of 159 shown notes of bench/answer_lines, in the best one for 138)
+REREAD_CHARS = 200  # of each candidate's passage read: its line and what is next to it (of 194 pairs, 1 line fewer
+# shown when the model reads the whole 420-character passage, 9 fewer at 100)
+REREAD_WEIGHT = 20.0  # a passage's cosine above the best-scored one's, against the line scores (the best's = 1):
+# 0.05 closer outweighs the whole best line's score
+
+
+def _reread(scorer: LineScorer, candidates: list[int], rank: dict[int, float], read: list[tuple[str, str]],
+            title: str) -> int:
+    """Which candidate to show (its place in `candidates`): its line score (as a share of the best's) plus
+    REREAD_WEIGHT times how much closer the main model reads its passage (`read`: REREAD_CHARS long), under its
+    section, to the question than the best-scored one's."""
+    if len(read) < 2 or scorer.reader is None:
+        return 0
+    cosines = scorer.reader([(f"{section}\n" if section and section != title else "") + text.replace("**", "")
+                             for section, text in read])
+    if not cosines:
+        return 0
+    top = abs(rank[candidates[0]]) or 1.0
+    totals = [rank[k] / top + REREAD_WEIGHT * (cosine - cosines[0]) for k, cosine in zip(candidates, cosines,
+                                                                                           strict=True)]
+    return max(range(len(totals)), key=lambda n: (totals[n], -n))
+
+
+def _assemble(blocks: list[_Block], best: int, rank: dict[int, float], prefer: dict[int, str | None],
+              terms: list[str], limit: int) -> tuple[str, str]:
+    """(section, markdown) of the passage around block `best`: it (cut to its preferred line), then the next-best
+    blocks of its section that fit in `limit`, in the note's order."""
     section = blocks[best].section
     chosen = {best: _fit(blocks[best], terms, limit, prefer.get(best))}
     used = len(chosen[best].text)

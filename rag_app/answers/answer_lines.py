@@ -106,10 +106,12 @@ class LineScorer:
     similarity: Callable[[list[str]], list[float] | None] | None = None
     han: bool | None = None  # the question is Chinese (None: not known)
     kinds: tuple[re.Pattern[str], ...] = ()  # a number of the kind the question asks for (5.8kg for 多重)
+    reader: Callable[[list[str]], list[float] | None] | None = None  # the main model's cosines of whole passages
 
     @classmethod
     def for_question(cls, question: str, idf: Callable[[str], float | None],
-                     similarity: Callable[[list[str]], list[float] | None] | None = None) -> LineScorer:
+                     similarity: Callable[[list[str]], list[float] | None] | None = None,
+                     reader: Callable[[list[str]], list[float] | None] | None = None) -> LineScorer:
         from rag_app.index.keyword import is_question_word, tokenize
 
         asking = {t for word in _HOW_WORD.findall(question) + _ASKING_PHRASE.findall(question)
@@ -121,7 +123,8 @@ class LineScorer:
             if t in weights:
                 weights[t] *= FOCUS_WEIGHT
         kinds = tuple(line for asked, line in _KINDS if asked.search(question))
-        return cls(terms, weights, bool(_ASKS_AMOUNT.search(question)), similarity, is_chinese(question), kinds)
+        return cls(terms, weights, bool(_ASKS_AMOUNT.search(question)), similarity, is_chinese(question), kinds,
+                   reader)
 
     def scores(self, units: list[tuple[str, str]], title: str) -> list[float]:
         """One score per (section, text) unit: the higher, the more likely the line answers."""
@@ -145,6 +148,14 @@ class LineScorer:
             if _TAGS_ONLY.match(text):
                 scores[k] = float("-inf")
         return scores
+
+    def rereads(self, best_line: str | None) -> bool:
+        """Whether the best candidates' passages are read again whole (`reader`): not for a Chinese question (e5-small
+        chose worse among a Chinese note's passages than the line scores), nor when the best line holds a number of
+        the kind asked (5.8kg for 多重: the rule knows what answers, the passage's meaning does not)."""
+        if self.reader is None or self.han:
+            return False
+        return not (best_line and any(kind.search(best_line) for kind in self.kinds))
 
     def _words(self, line: _Text, section: _Text, title: _Text) -> float:
         total = 0.0

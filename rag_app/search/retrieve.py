@@ -27,7 +27,7 @@ from llama_index.core.retrievers import QueryFusionRetriever
 from llama_index.core.retrievers.fusion_retriever import FUSION_MODES
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
-from rag_app.config import Settings
+from rag_app.config import DEFAULT_EMBEDDING, Settings
 from rag_app.index.keyword import HAN_RUN, KeywordIndex, query_words, to_simplified, tokenize
 from rag_app.index.keyword_store import keyword_stamp, open_keyword_index
 from rag_app.index.manifest import Manifest
@@ -247,6 +247,18 @@ class SearchIndex:
             return None
         query = _unit(np.asarray([self.embed_query(question, TOPIC_MODEL)], dtype=np.float32))[0]
         vectors = _unit(np.asarray(self._embeds[TOPIC_MODEL].get_text_embedding_batch(lines), dtype=np.float32))
+        return (vectors @ query).tolist()
+
+    def passage_similarities(self, question: str, passages: list[str]) -> list[float] | None:
+        """Cosines of a few candidate passages to a question by the main model when it is the default e5 (which
+        reads a question against a passage far better than against one line), or None: another main model was not
+        measured as a reader (USE-m3 chose worse than the line scores alone), a remote one would cost a request; and
+        None when this search did not load it (its collection is still filling): loading it would take seconds."""
+        if self.settings.models[0] != DEFAULT_EMBEDDING or DEFAULT_EMBEDDING not in self._embeds or not passages:
+            return None
+        query = _unit(np.asarray([self.embed_query(question, DEFAULT_EMBEDDING)], dtype=np.float32))[0]
+        vectors = _unit(np.asarray(self._embeds[DEFAULT_EMBEDDING].get_text_embedding_batch(passages),
+                                   dtype=np.float32))
         return (vectors @ query).tolist()
 
     def link_resolver(self) -> LinkResolver:

@@ -237,3 +237,81 @@ def test_an_item_of_several_sentences_is_read_per_sentence_too():
     scorer = LineScorer.for_question("what do I do when I can't fall asleep", {}.get, similarity)
     section, text = passage(note, [], scorer=scorer, title="Sleep")
     assert section == "The list" and "still awake after 20 minutes" in text
+
+
+TELEMETRY = """# Telemetry
+
+## Overview
+
+The term telemetry refers to the collection of certain usage data to help improve the quality of a piece of software.
+
+## Disabling
+
+You can turn off telemetry in Dendron specifically by setting the option below.
+"""
+
+
+def _reader(closest: str, seen: list[list[str]]):
+    """A stand-in for the main model: the passage holding `closest` reads 0.9 close to the question, others 0.5."""
+    def read(passages: list[str]) -> list[float]:
+        seen.append(passages)
+        return [0.9 if closest in p else 0.5 for p in passages]
+    return read
+
+
+def test_the_main_model_reading_the_best_passages_whole_picks_the_one_that_answers():
+    """The line scores favour the Overview (it holds "collection" and "usage data"); read whole, the passage under
+    "Disabling" is the one that answers "stop …"."""
+    seen: list[list[str]] = []
+    words = {"collecting": 3.0, "usage": 3.0, "data": 2.0, "stop": 1.0, "dendron": 1.0}
+    scorer = LineScorer.for_question("stop Dendron from collecting usage data", words.get, None,
+                                     _reader("turn off telemetry", seen))
+    assert passage(TELEMETRY, [], scorer=scorer, title="Telemetry")[0] == "Disabling"
+    assert len(seen) == 1 and len(seen[0]) == 2 and all(len(p) <= 220 for p in seen[0])  # short passages, one call
+    alone = LineScorer.for_question("stop Dendron from collecting usage data", words.get)
+    assert passage(TELEMETRY, [], scorer=alone, title="Telemetry")[0] == "Overview"
+
+
+def test_a_passage_read_only_a_little_closer_does_not_outweigh_a_clearly_better_line():
+    seen: list[list[str]] = []
+
+    def read(passages: list[str]) -> list[float]:
+        seen.append(passages)
+        return [0.51 if "turn off" in p else 0.5 for p in passages]
+
+    words = {"collecting": 3.0, "usage": 3.0, "data": 2.0}
+    scorer = LineScorer.for_question("stop Dendron from collecting usage data", words.get, None, read)
+    assert passage(TELEMETRY, [], scorer=scorer, title="Telemetry")[0] == "Overview" and seen
+
+
+BREWING = """# Pour-over
+
+## Brewing
+
+- Water for light roasts: 93°C, for dark roasts 88°C.
+
+## When it tastes sour
+
+- The water was too cold for the roast: grind finer.
+"""
+
+
+@pytest.mark.parametrize("question, note, idf", [
+    ("手冲咖啡水温多少度", NOTE, IDF),
+    ("how hot should the water be for light roasts", BREWING, {"water": 2.0, "light": 3.0, "roast": 3.0}),
+])
+def test_no_second_reading_for_a_chinese_question_or_when_the_best_line_holds_the_amount_asked(question, note, idf):
+    """e5-small chose worse than the line scores among a Chinese note's passages, and a line with a number of the
+    kind asked (93°C for 水温 / how hot) is what answers whatever the passages read like."""
+    seen: list[list[str]] = []
+    scorer = LineScorer.for_question(question, idf.get, None, _reader("grind finer", seen))
+    section, text = passage(note, [], scorer=scorer, title="")
+    assert "93°C" in text and not seen
+
+
+def test_an_english_question_the_best_words_miss_shows_its_line_through_the_real_path(sample_brain):
+    """bench/answer_lines/heldout_sample_vault.tsv: the words "fall asleep" are in the section that says what did
+    not help; e5 reading the best passages finds "If I'm still awake after 20 minutes"."""
+    response = sample_brain.ask("what do I do when I can't fall asleep")
+    n = next(c["n"] for c in response.citations if c.get("path") == "health/habits.md")
+    assert "still awake after 20 minutes" in _shown(response.answer, n)
