@@ -194,6 +194,9 @@ def test_a_number_of_the_kind_asked_counts_as_the_question_s_weightiest_word():
     assert weight > intro and weight > visits + 0.9
     size = LineScorer.for_question("how big did the kernel log grow", {"kernel": 4.0, "log": 6.0, "grow": 6.0}.get)
     assert size.scores([("", "- Flooding dmesg (was ~360 KB after 1 hour)")], "") == [pytest.approx(1.3)]
+    far = LineScorer.for_question("how far did I run in the first week", {"run": 3.0, "week": 2.0}.get)
+    distance, laps = far.scores([("", "Ran 5k, 5k, 8k."), ("", "Ran 5, 5, 8 laps.")], "")
+    assert distance > laps + 0.4  # a runner's 5k is a distance, the kind asked; a count of laps is only a number
 
 
 def test_a_digit_inside_a_word_is_no_number():
