@@ -416,12 +416,11 @@ def passage(markdown: str, terms: list[str], limit: int = PASSAGE_CHARS, scorer:
             if score > rank[k]:
                 rank[k], prefer[k] = score, unit
         order = sorted(range(len(blocks)), key=lambda k: (-rank[k], k))
-        if scorer.rereads(prefer.get(order[0])):
-            candidates = [k for k in order[:REREAD_CANDIDATES] if rank[k] > float("-inf")]
+        candidates = [k for k in order[:REREAD_CANDIDATES] if rank[k] > float("-inf")]
+        best = order[0]
+        if len(candidates) > 1 and scorer.rereads(prefer.get(best)):
             read = [_assemble(blocks, k, rank, prefer, terms, min(REREAD_CHARS, limit)) for k in candidates]
             best = candidates[_reread(scorer, candidates, rank, read, title)]
-        else:
-            best = order[0]
     else:
         rank = {k: float(_hits(b.text, terms)) for k, b in enumerate(blocks)}
         best = max(range(len(blocks)), key=lambda k: (_hits(blocks[k].text, terms) + (
@@ -442,7 +441,7 @@ def _reread(scorer: LineScorer, candidates: list[int], rank: dict[int, float], r
     """Which candidate to show (its place in `candidates`): its line score (as a share of the best's) plus
     REREAD_WEIGHT times how much closer the main model reads its passage (`read`: REREAD_CHARS long), under its
     section, to the question than the best-scored one's."""
-    if len(read) < 2 or scorer.reader is None:
+    if scorer.reader is None:
         return 0
     cosines = scorer.reader([(f"{section}\n" if section and section != title else "") + text.replace("**", "")
                              for section, text in read])

@@ -318,3 +318,12 @@ def test_an_english_question_the_best_words_miss_shows_its_line_through_the_real
     response = sample_brain.ask("what do I do when I can't fall asleep")
     n = next(c["n"] for c in response.citations if c.get("path") == "health/habits.md")
     assert "still awake after 20 minutes" in _shown(response.answer, n)
+
+
+@pytest.mark.parametrize("note", ["#work #ideas\n", "Just one paragraph about work.\n"])
+def test_a_note_with_nothing_or_one_thing_to_choose_from_is_not_read_again(note):
+    seen: list[list[str]] = []
+    scorer = LineScorer.for_question("what tags do I use for work", {"tags": 1.0, "work": 1.0}.get, None,
+                                     _reader("work", seen))
+    section, text = passage(note, [], scorer=scorer, title="x")
+    assert text.strip() and not seen
