@@ -52,15 +52,17 @@ _NUMBER = re.compile(
     r"\b(?:two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|twenty|thirty|forty|fifty|sixty|seventy|eighty|"
     r"ninety|hundreds?|thousands?|millions?|billions?|dozens?|tens|half)\b", re.IGNORECASE)
 # The kind of amount a question asks for, and a line's number of that kind (a number with its unit): 多重 / how heavy
-# is answered by 5.8kg, how far by 8 km or a runner's 5k, how big by 360 KB, which frequencies by 3 MHz, 什么时候 by
-# 春秋 or 9 月. Units follow the number; a time may also be said without one (早上, spring, 周末).
+# is answered by 5.8kg, how far by 8 km or a runner's 5k (not how long: 2k, a 4K screen), how big by 360 KB, which
+# frequencies by 3 MHz, 什么时候 by 春秋 or 9 月. Units follow the number; a time may also be said without one (早上,
+# spring, 周末).
 _NUM = r"(?:(?<![A-Za-z0-9_])\d[\d.,]*|[零一二两三四五六七八九十百千万半几]+)\s*"
 _KINDS = [(re.compile(q, re.IGNORECASE), re.compile(line, re.IGNORECASE)) for q, line in (
     (r"多重|多沉|体重|重量|\bhow heavy\b|\bweigh", _NUM + r"(?:kg|g|mg|lbs?|pounds?|oz|tons?|公斤|千克|克|斤|磅|吨)"
      r"(?![a-z])"),
     (r"多远|多长(?!时间)|多高|多深|多宽|多厚|距离|长度|身高|\bhow (?:far|tall|high|deep|wide|long)\b|\bdistance\b|"
-     r"\blength\b|\bheight\b", _NUM + r"(?:km|k|m|cm|mm|mi|miles?|met(?:er|re)s?|kilomet(?:er|re)s?|feet|ft|"
-     r"inch(?:es)?|公里|千米|米|厘米|毫米|里|英里)(?![a-z])"),
+     r"\blength\b|\bheight\b", _NUM + r"(?:km|m|cm|mm|mi|miles?|met(?:er|re)s?|kilomet(?:er|re)s?|feet|ft|inch(?:es)?|"
+     r"公里|千米|米|厘米|毫米|里|英里)(?![a-z])"),
+    (r"多远|\bhow far\b|\bdistance\b", r"(?<![A-Za-z0-9_])\d+(?:\.\d)?\s*k(?![a-z])"),  # a runner's 5k
     (r"多久|多长时间|几(?:个)?(?:天|小时|分钟|周|星期|月|年)|\bhow long\b|\bhow many (?:days|hours|minutes|weeks|"
      r"months|years)\b|\bduration\b", _NUM + r"(?:s|secs?|seconds?|mins?|minutes?|h|hrs?|hours?|days?|weeks?|"
      r"months?|years?|秒|分钟|分|小时|个?钟头|天|周|星期|个月|年)(?![a-z])"),
@@ -82,11 +84,15 @@ _KINDS = [(re.compile(q, re.IGNORECASE), re.compile(line, re.IGNORECASE)) for q,
 _LABEL = re.compile(r"^\s*(?:>\s*)*(?:[-*+]\s+(?:\[[ xX]\]\s+|[☐☑]\s+)?|\d{1,3}[.)、]\s*)?"
                     r"((?:[^:：\n]|:(?!\s)){1,60}?)(?::\s|：)")
 _TAGS_ONLY = re.compile(r"^\s*(?:#[^\s#]+\s*)+$")
-_SENTENCE = re.compile(r".+?(?:[。！？!?；;]+|\.(?=\s)|$)\s*", re.DOTALL)
+# A markdown link is read whole: "[How do I restore photos after a disk failure? A guide](https://…)" is no sentence
+# end, and its torn-off "](https://…restore-photos-…)" read as a line full of the question's words.
+_LINK = r"!?\[[^\]\n]{0,300}\]\([^)\s]{0,500}\)"  # bounded: a line of unclosed brackets stays linear
+_SENTENCE = re.compile(rf"(?:{_LINK}|.)+?(?:(?:[。！？?；;]|!(?!\[))+|\.(?=\s)|$)\s*", re.DOTALL)
 
 
 def sentences(text: str) -> list[str]:
-    """A paragraph's sentences, cut after 。！？!?；; and after a period that ends a word (not in 4.5 or v1.2)."""
+    """A paragraph's sentences, cut after 。！？!?；; and after a period that ends a word (not in 4.5 or v1.2), never
+    inside a markdown link."""
     return [s for s in _SENTENCE.findall(text) if s.strip()] or [text]
 
 

@@ -61,6 +61,8 @@ from readers.markdown_syntax import is_chinese
 from readers.records import decode_list
 
 EXCERPT_CHARS = 300
+READ_CHARS = 400  # of a passage the main model reads while an answer waits (passage_similarities): a heading and ~200
+# characters of text fit; a code block's one long line is cut, not read for seconds
 log = logging.getLogger("cflow_brain.retrieve")
 BACKGROUND_SAMPLE = 512  # chunks whose similarity to a query is its background (fixed per index generation)
 BACKGROUND_SLICES = 8  # read as this many evenly spaced runs of the collection
@@ -250,15 +252,17 @@ class SearchIndex:
         return (vectors @ query).tolist()
 
     def passage_similarities(self, question: str, passages: list[str]) -> list[float] | None:
-        """Cosines of a few candidate passages to a question by the main model when it is the default e5 (which
+        """Cosines of a few candidate passages (each cut to READ_CHARS: a code block's one 100 KB line took 73 s) to
+        a question by the main model when it is the default e5 (which
         reads a question against a passage far better than against one line), or None: another main model was not
         measured as a reader (USE-m3 chose worse than the line scores alone), a remote one would cost a request; and
         None when this search did not load it (its collection is still filling): loading it would take seconds."""
         if self.settings.models[0] != DEFAULT_EMBEDDING or DEFAULT_EMBEDDING not in self._embeds or not passages:
             return None
         query = _unit(np.asarray([self.embed_query(question, DEFAULT_EMBEDDING)], dtype=np.float32))[0]
-        vectors = _unit(np.asarray(self._embeds[DEFAULT_EMBEDDING].get_text_embedding_batch(passages),
-                                   dtype=np.float32))
+        model = self._embeds[DEFAULT_EMBEDDING]
+        read = getattr(model, "passages_now", model.get_text_embedding_batch)  # on one thread, as a query is
+        vectors = _unit(np.asarray(read([text[:READ_CHARS] for text in passages]), dtype=np.float32))
         return (vectors @ query).tolist()
 
     def link_resolver(self) -> LinkResolver:

@@ -327,3 +327,39 @@ def test_a_note_with_nothing_or_one_thing_to_choose_from_is_not_read_again(note)
                                      _reader("work", seen))
     section, text = passage(note, [], scorer=scorer, title="x")
     assert text.strip() and not seen
+
+
+def test_a_markdown_link_is_never_cut_into_sentences():
+    """A "?" in a link's text ended a sentence, and the torn-off "](https://…restore-photos-…)" read as a line full
+    of the question's words."""
+    text = ("See also [How do I restore photos after a disk failure? A guide](https://example.com/restore-photos) for "
+            "the steps. Look at ![a chart?](chart.png) too! Done?")
+    assert sentences(text) == ["See also [How do I restore photos after a disk failure? A guide]"
+                               "(https://example.com/restore-photos) for the steps. ",
+                               "Look at ![a chart?](chart.png) too! ", "Done?"]
+    assert sentences("[" * 20000) == ["[" * 20000]  # unclosed brackets: one piece, read in linear time
+
+
+def test_a_thousand_is_a_runner_s_distance_only_when_the_question_asks_how_far():
+    long = LineScorer.for_question("how long is the wire", {"wire": 3.0}.get)
+    cost, length, model = long.scores([("", "The wire cost 2k."), ("", "The wire is 3 m."), ("", "A 4K wire.")], "")
+    assert length > cost + 0.4 and cost == model  # "how long": 3 m is a length; 2k and a 4K screen are no distance
+
+
+def test_the_main_model_reads_at_most_a_few_hundred_characters_of_a_passage(sample_brain, monkeypatch):
+    """A code block's one 100 KB line was read whole (73 s) when it was among the candidates."""
+    from rag_app.index.embeddings import E5SmallEmbedding
+    from rag_app.search.retrieve import READ_CHARS
+
+    lengths: list[int] = []
+    original = E5SmallEmbedding.passages_now
+
+    def recording(self, texts):
+        lengths.extend(len(t) for t in texts)
+        return original(self, texts)
+
+    monkeypatch.setattr(E5SmallEmbedding, "passages_now", recording)
+    sample_brain.search("what do I do when I can't fall asleep", 3)
+    index = sample_brain.searcher()
+    cosines = index.passage_similarities("which zone is the tomato bed", ["zone 3: tomatoes", "{" + "x" * 100_000])
+    assert cosines is not None and len(cosines) == 2 and lengths == [16, READ_CHARS]
