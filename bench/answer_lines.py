@@ -7,7 +7,7 @@ answer's passages (markdown emphasis removed, blanks collapsed) either show the 
 it, or do not show the right note at all (the search's miss, counted apart). A pair whose passage shows one of its
 other answering lines instead is counted in its own column ("another answering line"), not as shown.
 
-usage: python bench/answer_lines.py HOME=bench/answer_lines/sample_vault.tsv [HOME=FILE ...] [--misses]
+usage: python bench/answer_lines.py HOME=bench/answer_lines/sample_vault.tsv [HOME=FILE ...] [--misses] [--timing]
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -46,11 +48,20 @@ def passage_of(answer: str, n: int) -> str:
     return ""
 
 
-def measure(home: Path, file: Path, show_misses: bool) -> tuple[int, int, int, int, int, int]:
+def measure(home: Path, file: Path, show_misses: bool,
+            times: list[float] | None = None) -> tuple[int, int, int, int, int, int]:
+    """The pairs' counts; with `times`, each warm `ask`'s milliseconds appended (the models loaded by one ask
+    before)."""
     brain = Brain(home)
     shown = note_only = another = shown_unsure = note_unsure = 0
-    for question, note, answer, others in (rows := pairs(file)):
+    rows = pairs(file)
+    if times is not None and rows:
+        brain.ask(rows[0][0])
+    for question, note, answer, others in rows:
+        started = time.perf_counter()
         response = brain.ask(question)
+        if times is not None:
+            times.append((time.perf_counter() - started) * 1000)
         cited = [c["n"] for c in response.citations  # a home may hold the vault one folder up (vault/…)
                  if (c.get("path") or "") == note or (c.get("path") or "").endswith("/" + note)]
         quoted = response.mode in ("extractive", "unsure")
@@ -74,6 +85,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("specs", nargs="+", help="HOME=pairs.tsv")
     parser.add_argument("--misses", action="store_true", help="print each pair whose line is not shown")
+    parser.add_argument("--timing", action="store_true", help="print each set's warm ask p50 / p90 in ms")
     args = parser.parse_args()
     for name in [k for k in os.environ if k.startswith("LLM_")]:
         del os.environ[name]  # extractive answers are what is measured
@@ -83,9 +95,13 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for spec in args.specs:
         home, _, file = spec.partition("=")
-        counts = measure(Path(home), Path(file), args.misses)
+        times: list[float] | None = [] if args.timing else None
+        counts = measure(Path(home), Path(file), args.misses, times)
         totals = [t + v for t, v in zip(totals, counts, strict=True)]
         print(_row(Path(file).stem, *counts), flush=True)
+        if times:
+            times.sort()
+            print(f"  ask ms p50 / p90: {statistics.median(times):.0f} / {times[int(len(times) * 0.9)]:.0f}")
     print(_row("all", *totals))
 
 

@@ -440,9 +440,7 @@ def _reread(scorer: LineScorer, candidates: list[int], rank: dict[int, float], r
             title: str) -> int:
     """Which candidate to show (its place in `candidates`): its line score (as a share of the best's) plus
     REREAD_WEIGHT times how much closer the main model reads its passage (`read`: REREAD_CHARS long), under its
-    section, to the question than the best-scored one's."""
-    if scorer.reader is None:
-        return 0
+    section, to the question than the best-scored one's (the first when the model cannot read now)."""
     cosines = scorer.reader([(f"{section}\n" if section and section != title else "") + text.replace("**", "")
                              for section, text in read])
     if not cosines:

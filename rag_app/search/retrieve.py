@@ -247,23 +247,25 @@ class SearchIndex:
         none: the main model is too slow to read every line of a note per answer (e5: ~1 s for 24 lines)."""
         if TOPIC_MODEL not in self.settings.models:
             return None
-        query = _unit(np.asarray([self.embed_query(question, TOPIC_MODEL)], dtype=np.float32))[0]
-        vectors = _unit(np.asarray(self._embeds[TOPIC_MODEL].get_text_embedding_batch(lines), dtype=np.float32))
-        return (vectors @ query).tolist()
+        return self._cosines(question, TOPIC_MODEL, lines)
 
     def passage_similarities(self, question: str, passages: list[str]) -> list[float] | None:
-        """Cosines of a few candidate passages (each cut to READ_CHARS: a code block's one 100 KB line took 73 s) to
-        a question by the main model when it is the default e5 (which
-        reads a question against a passage far better than against one line), or None: another main model was not
-        measured as a reader (USE-m3 chose worse than the line scores alone), a remote one would cost a request; and
-        None when this search did not load it (its collection is still filling): loading it would take seconds."""
+        """Cosines of a few candidate passages to a question by the main model when it is the default e5, which reads
+        a question against a passage far better than against one line; each passage cut to READ_CHARS (a code
+        block's one 100 KB line took 73 s). None for another main model (USE-m3 chose worse than the line scores
+        alone; a remote one would cost a request) or when this search did not load e5 (its collection still
+        filling): loading it would take seconds."""
         if self.settings.models[0] != DEFAULT_EMBEDDING or DEFAULT_EMBEDDING not in self._embeds or not passages:
             return None
-        query = _unit(np.asarray([self.embed_query(question, DEFAULT_EMBEDDING)], dtype=np.float32))[0]
-        model = self._embeds[DEFAULT_EMBEDDING]
-        read = getattr(model, "passages_now", model.get_text_embedding_batch)  # on one thread, as a query is
-        vectors = _unit(np.asarray(read([text[:READ_CHARS] for text in passages]), dtype=np.float32))
-        return (vectors @ query).tolist()
+        return self._cosines(question, DEFAULT_EMBEDDING, [text[:READ_CHARS] for text in passages], now=True)
+
+    def _cosines(self, question: str, model: str, texts: list[str], now: bool = False) -> list[float]:
+        """Cosines of texts to a question by a model (loaded by embedding the question); `now`: a few texts someone
+        waits for, on one thread where the model can (E5SmallEmbedding.passages_now), as a query is."""
+        query = _unit(np.asarray([self.embed_query(question, model)], dtype=np.float32))[0]
+        embed = self._embeds[model]
+        read = getattr(embed, "passages_now", embed.get_text_embedding_batch) if now else embed.get_text_embedding_batch
+        return (_unit(np.asarray(read(texts), dtype=np.float32)) @ query).tolist()
 
     def link_resolver(self) -> LinkResolver:
         """Obsidian's link resolution over every note (rag_app.search.graph), whose metadata it holds: read once per

@@ -363,3 +363,14 @@ def test_the_main_model_reads_at_most_a_few_hundred_characters_of_a_passage(samp
     index = sample_brain.searcher()
     cosines = index.passage_similarities("which zone is the tomato bed", ["zone 3: tomatoes", "{" + "x" * 100_000])
     assert cosines is not None and len(cosines) == 2 and lengths == [16, READ_CHARS]
+
+
+def test_a_fresh_index_reads_lines_before_any_search_has_loaded_the_fast_model(sample_home):
+    """An answer may read lines before anything loaded USE-m3 (a search that skipped its channel): the model is
+    loaded by embedding the question, never looked up first."""
+    from rag_app.config import load_settings
+    from rag_app.search.retrieve import SearchIndex
+
+    index = SearchIndex(load_settings(sample_home))
+    cosines = index.line_similarities("手冲咖啡水温多少度", ["水温：浅烘 93°C", "器具：V60"])
+    assert cosines is not None and len(cosines) == 2 and cosines[0] > cosines[1]
