@@ -113,11 +113,15 @@ class LineScorer:
     han: bool | None = None  # the question is Chinese (None: not known)
     kinds: tuple[re.Pattern[str], ...] = ()  # a number of the kind the question asks for (5.8kg for 多重)
     reader: Callable[[list[str]], list[float] | None] | None = None  # the main model's cosines of whole passages
+    translation: Callable[[], str | None] | None = None  # the question in the other language (its gloss)
+    idf: Callable[[str], float | None] | None = None  # how rare a word is in the home (None: no note holds it)
+    _glossed: dict[str, float] | None = None  # the translation's words and weights, read once
 
     @classmethod
     def for_question(cls, question: str, idf: Callable[[str], float | None],
                      similarity: Callable[[list[str]], list[float] | None] | None = None,
-                     reader: Callable[[list[str]], list[float] | None] | None = None) -> LineScorer:
+                     reader: Callable[[list[str]], list[float] | None] | None = None,
+                     translation: Callable[[], str | None] | None = None) -> LineScorer:
         from rag_app.index.keyword import is_question_word, tokenize
 
         asking = {t for word in _HOW_WORD.findall(question) + _ASKING_PHRASE.findall(question)
@@ -130,26 +134,32 @@ class LineScorer:
                 weights[t] *= FOCUS_WEIGHT
         kinds = tuple(line for asked, line in _KINDS if asked.search(question))
         return cls(terms, weights, bool(_ASKS_AMOUNT.search(question)), similarity, is_chinese(question), kinds,
-                   reader)
+                   reader, translation, idf)
 
     def scores(self, units: list[tuple[str, str]], title: str) -> list[float]:
         """One score per (section, text) unit: the higher, the more likely the line answers."""
         in_title = _Text(title)
         sections = {section: _Text(section) for section, _ in units}
-        words = [self._words(_Text(text, labelled=True), sections[section], in_title) for section, text in units]
+        other = bool(units) and self.han is not None and is_chinese("".join(text for _, text in units)) != self.han
+        texts = [_Text(text, labelled=True) for _, text in units]
+        words = [self._words(text, sections[section], in_title, self.weights)
+                 for (section, _), text in zip(units, texts, strict=True)]
         best = max(words, default=0.0) or 1.0
         scores = [w / best for w in words]
         if self.similarity is not None and units:
-            ranked = sorted(range(len(units)), key=lambda k: -scores[k])[:MAX_UNITS]
+            glossed = {**self.weights, **self._gloss()} if other and len(units) > MAX_UNITS else None
+            cut = [self._words(text, sections[section], in_title, glossed)
+                   for (section, _), text in zip(units, texts, strict=True)] if glossed else scores
+            ranked = sorted(range(len(units)), key=lambda k: -cut[k])[:MAX_UNITS]
             cosines = self.similarity([units[k][1] if units[k][0] in ("", title) else f"{units[k][0]} {units[k][1]}"
                                        for k in ranked])  # the title is every line's: it would favour the first
             weight = MEANING_WEIGHT
-            if self.han is not None and is_chinese("".join(text for _, text in units)) != self.han:
+            if other:
                 weight *= OTHER_LANGUAGE  # its words can hardly be the note's: what a line means is what is left
             for k, cosine in zip(ranked, cosines or [], strict=False):
                 scores[k] += weight * cosine
         for k, (_, text) in enumerate(units):
-            if self.asks_amount and _NUMBER.search(_LIST_MARK.sub("", text)):
+            if self.asks_amount and _NUMBER.search(_LIST_MARK.sub("", texts[k].folded)):
                 scores[k] += NUMBER_BONUS
             if _TAGS_ONLY.match(text):
                 scores[k] = float("-inf")
@@ -161,18 +171,29 @@ class LineScorer:
         the kind asked (5.8kg for 多重: the rule knows what answers, the passage's meaning does not)."""
         if self.reader is None or self.han:
             return False
-        return not (best_line and any(kind.search(best_line) for kind in self.kinds))
+        return not (best_line and any(kind.search(_fold(best_line)) for kind in self.kinds))
 
-    def _words(self, line: _Text, section: _Text, title: _Text) -> float:
+    def _gloss(self) -> dict[str, float]:
+        """The words of the question's translation (a note in the other language holds those, not the question's:
+        侧边栏…默认怎么排序 → sidebar … sort), weighed by rarity as the question's own are; read once."""
+        if self._glossed is None:
+            from rag_app.index.keyword import is_question_word, tokenize
+
+            gloss = self.translation() if self.translation is not None else None
+            tokens = dict.fromkeys(_base(t) for t in tokenize(gloss or "") if not is_question_word(t))
+            self._glossed = {t: (self.idf(t) if self.idf else None) or 0.0 for t in tokens if t not in self.weights}
+        return self._glossed
+
+    def _words(self, line: _Text, section: _Text, title: _Text, weights: dict[str, float]) -> float:
         total = 0.0
-        for term in self.terms:
-            weight = self.weights[term] * (TITLE_DISCOUNT if term in title else 1.0)
+        for term, base in weights.items():
+            weight = base * (TITLE_DISCOUNT if term in title else 1.0)
             if line.label is not None and term in line.label and self._names(line.label):
                 total += HEAD_WEIGHT * weight
             else:
                 total += weight if term in line else SECTION_SHARE * weight if term in section else 0.0
-        if any(kind.search(line.text) for kind in self.kinds):
-            total += KIND_WEIGHT * max(self.weights.values(), default=0.0)
+        if any(kind.search(line.folded) for kind in self.kinds):  # 兩小時 is a duration as 两小时 is
+            total += KIND_WEIGHT * max(weights.values(), default=0.0)
         return total
 
     def _names(self, label: _Text) -> bool:
@@ -218,16 +239,23 @@ def _base(token: str) -> str:
 _HAN_TERM = re.compile(r"^[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+$")
 
 
+def _fold(text: str) -> str:
+    """A line as its words are looked up: NFKC, lower case, simplified script."""
+    from rag_app.index.keyword import to_simplified
+
+    return to_simplified(unicodedata.normalize("NFKC", text).lower())
+
+
 class _Text:
     """A line as the scorer reads it: its tokens, and its folded text, in which a Chinese word is looked up as written
     (jieba cuts the same characters differently by context: 看完 in the question, 看完想 in the line)."""
 
     def __init__(self, text: str, labelled: bool = False) -> None:
-        from rag_app.index.keyword import to_simplified, tokenize
+        from rag_app.index.keyword import tokenize
 
         self.text = text
         self.tokens = {_base(t) for t in tokenize(text)}
-        self.folded = to_simplified(unicodedata.normalize("NFKC", text).lower())
+        self.folded = _fold(text)
         label = _LABEL.match(text) if labelled else None
         self.label = _Text(re.split(r"[,，(（]", label.group(1))[0]) if label else None  # "GStreamer, another…"
 

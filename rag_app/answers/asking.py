@@ -166,7 +166,8 @@ class Asker:
             keyword = index.keyword()
             notes = {r["note_id"]: (index.manifest.note_doc(r["note_id"]) or ("",))[0] for r in shown}
         scorer = LineScorer.for_question(query, keyword.idf, lambda lines: index.line_similarities(query, lines),
-                                         lambda passages: index.passage_similarities(query, passages))
+                                         lambda passages: index.passage_similarities(query, passages),
+                                         lambda: index.translation(query))
         return scorer, notes
 
     def _condense(self, question: str, history: list[dict[str, Any]], llm: Any,
