@@ -53,8 +53,8 @@ _NUMBER = re.compile(
     r"ninety|hundreds?|thousands?|millions?|billions?|dozens?|tens|half)\b", re.IGNORECASE)
 # The kind of amount a question asks for, and a line's number of that kind (a number with its unit): 多重 / how heavy
 # is answered by 5.8kg, how far by 8 km or a runner's 5k (not how long: 2k, a 4K screen), how big by 360 KB, which
-# frequencies by 3 MHz, 什么时候 by 春秋 or 9 月. Units follow the number; a time may also be said without one (早上,
-# spring, 周末).
+# frequencies by 3 MHz, 多快 by 150 Mbps, 什么时候 by 春秋 or 9 月. Units follow the number; a time may also be said
+# without one (早上, spring, 周末).
 _NUM = r"(?:(?<![A-Za-z0-9_])\d[\d.,]*|[零一二两三四五六七八九十百千万半几]+)\s*"
 _KINDS = [(re.compile(q, re.IGNORECASE), re.compile(line, re.IGNORECASE)) for q, line in (
     (r"多重|多沉|体重|重量|\bhow heavy\b|\bweigh", _NUM + r"(?:kg|g|mg|lbs?|pounds?|oz|tons?|公斤|千克|克|斤|磅|吨)"
@@ -72,6 +72,8 @@ _KINDS = [(re.compile(q, re.IGNORECASE), re.compile(line, re.IGNORECASE)) for q,
     (r"多少钱|价格|价钱|花了多少|\bcosts?\b|\bprices?\b|\bhow much (?:did|does|do|is|was) .*\b(?:pay|spend|cost)",
      r"[¥￥$€£]\s*\d|" + _NUM + r"(?:元|块|rmb|yuan|dollars?|euros?|usd|eur|gbp)(?![a-z])"),
     (r"\bfrequenc|频率|频段", _NUM + r"(?:[kmgt]?hz|赫兹)(?![a-z])"),
+    (r"多快|速度|网速|测速|带宽|\bhow fast\b|\bspeeds?\b|\bbandwidth\b", _NUM + r"(?:[kmgt]i?b(?:ps|/s)|[kmgt]bit/s|"
+     r"km/h|kph|mph|m/s|公里每小时|公里/小时|码)(?![a-z])"),
     (r"多久一次|几次|\bhow often\b|\bhow many times\b", r"每|一次|\bevery\b|\bper\b|\bdaily\b|\bweekly\b|"
      r"\btimes? a\b|" + _NUM + r"(?:次|遍|times)"),
     (r"几点|什么时候|什么时间|哪年|哪天|\bwhat time\b|^\W*when\b", r"\d{1,2}[:：]\d{2}|" + _NUM + r"(?:点|點|am|pm|"

@@ -402,3 +402,11 @@ def test_a_long_note_in_the_other_language_has_its_lines_chosen_for_meaning_by_t
     assert any(answer in line for line in seen[0]) and max(range(len(scores)), key=scores.__getitem__) == len(units)
     short = LineScorer.for_question("侧边栏怎么排序", {}.get, cosines, translation=lambda: pytest.fail("no gloss"))
     short.scores(units[:10], "Publishing")  # a note whose every line is read needs no translation
+
+
+def test_a_speed_is_the_kind_how_fast_asks():
+    """阳台的 Wi-Fi 测速有多快: the line with the balcony's Mbps, not the note's goal for Wi-Fi in every room."""
+    scorer = LineScorer.for_question("阳台的 Wi-Fi 测速有多快", {"阳台": 3.0, "wi-fi": 2.0, "wi": 1.0, "fi": 1.0}.get)
+    goal, speeds = scorer.scores([("", "Goal: stable Wi-Fi in every room, 2 floors."),
+                                  ("", "测速结果：客厅 480 Mbps，阳台 150 Mbps。")], "家庭网络折腾记")
+    assert speeds > goal
