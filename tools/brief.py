@@ -177,8 +177,6 @@ def brief_result(result: dict[str, Any], terms: set[str], detail: str, limit: in
         shaped["linked_from"] = {key: result["linked_from"][key] for key in ("note_id", "sentence")}
     if result.get("duplicates"):
         shaped["duplicates"] = result["duplicates"]
-    if result.get("edition_unnamed"):  # why a note holding every word of the question is only a lead
-        shaped["edition_unnamed"] = result["edition_unnamed"]
     if detail == "passages":
         shaped["passages"] = passages(result.get("chunks") or [{"text": result.get("excerpt") or ""}])
     else:

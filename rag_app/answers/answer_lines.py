@@ -72,8 +72,8 @@ _KINDS = [(re.compile(q, re.IGNORECASE), re.compile(line, re.IGNORECASE)) for q,
     (r"多少钱|价格|价钱|花了多少|\bcosts?\b|\bprices?\b|\bhow much (?:did|does|do|is|was) .*\b(?:pay|spend|cost)",
      r"[¥￥$€£]\s*\d|" + _NUM + r"(?:元|块|rmb|yuan|dollars?|euros?|usd|eur|gbp)(?![a-z])"),
     (r"\bfrequenc|频率|频段", _NUM + r"(?:[kmgt]?hz|赫兹)(?![a-z])"),
-    (r"多快|速度|网速|测速|带宽|\bhow fast\b|\bspeeds?\b|\bbandwidth\b", _NUM + r"(?:[kmgt]i?b(?:ps|/s)|[kmgt]bit/s|"
-     r"km/h|kph|mph|m/s|公里每小时|公里/小时|码)(?![a-z])"),
+    (r"多快|测速|带宽|(?:网速|速度|车速)(?:是|有)?多少|\bhow fast\b|\bwhat(?:'s| is| was)? the speed\b|\bbandwidth\b",
+     _NUM + r"(?:[kmgt]i?b(?:ps|/s)|[kmgt]bit/s|km/h|kph|mph|m/s|公里每小时|公里/小时)(?![a-z])"),
     (r"多久一次|几次|\bhow often\b|\bhow many times\b", r"每|一次|\bevery\b|\bper\b|\bdaily\b|\bweekly\b|"
      r"\btimes? a\b|" + _NUM + r"(?:次|遍|times)"),
     (r"几点|什么时候|什么时间|哪年|哪天|\bwhat time\b|^\W*when\b", r"\d{1,2}[:：]\d{2}|" + _NUM + r"(?:点|點|am|pm|"
@@ -149,9 +149,9 @@ class LineScorer:
         best = max(words, default=0.0) or 1.0
         scores = [w / best for w in words]
         if self.similarity is not None and units:
-            glossed = {**self.weights, **self._gloss()} if other and len(units) > MAX_UNITS else None
-            cut = [self._words(text, sections[section], in_title, glossed)
-                   for (section, _), text in zip(units, texts, strict=True)] if glossed else scores
+            glossed = self._gloss() if other and len(units) > MAX_UNITS else None
+            cut = [score + self._words(text, sections[section], in_title, glossed) / best
+                   for (section, _), text, score in zip(units, texts, scores, strict=True)] if glossed else scores
             ranked = sorted(range(len(units)), key=lambda k: -cut[k])[:MAX_UNITS]
             cosines = self.similarity([units[k][1] if units[k][0] in ("", title) else f"{units[k][0]} {units[k][1]}"
                                        for k in ranked])  # the title is every line's: it would favour the first
@@ -161,7 +161,7 @@ class LineScorer:
             for k, cosine in zip(ranked, cosines or [], strict=False):
                 scores[k] += weight * cosine
         for k, (_, text) in enumerate(units):
-            if self.asks_amount and _NUMBER.search(_LIST_MARK.sub("", texts[k].folded)):
+            if self.asks_amount and _NUMBER.search(_LIST_MARK.sub("", texts[k].simplified)):
                 scores[k] += NUMBER_BONUS
             if _TAGS_ONLY.match(text):
                 scores[k] = float("-inf")
@@ -173,7 +173,7 @@ class LineScorer:
         the kind asked (5.8kg for 多重: the rule knows what answers, the passage's meaning does not)."""
         if self.reader is None or self.han:
             return False
-        return not (best_line and any(kind.search(_fold(best_line)) for kind in self.kinds))
+        return not (best_line and any(kind.search(_simplified(best_line)) for kind in self.kinds))
 
     def _gloss(self) -> dict[str, float]:
         """The words of the question's translation (a note in the other language holds those, not the question's:
@@ -194,7 +194,7 @@ class LineScorer:
                 total += HEAD_WEIGHT * weight
             else:
                 total += weight if term in line else SECTION_SHARE * weight if term in section else 0.0
-        if any(kind.search(line.folded) for kind in self.kinds):  # 兩小時 is a duration as 两小时 is
+        if any(kind.search(line.simplified) for kind in self.kinds):  # 兩小時 is a duration as 两小时 is
             total += KIND_WEIGHT * max(weights.values(), default=0.0)
         return total
 
@@ -241,11 +241,11 @@ def _base(token: str) -> str:
 _HAN_TERM = re.compile(r"^[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+$")
 
 
-def _fold(text: str) -> str:
-    """A line as its words are looked up: NFKC, lower case, simplified script."""
+def _simplified(text: str) -> str:
+    """A line in simplified script, as written otherwise (NFKC would make 89㎡ 89m2 and ① a digit)."""
     from rag_app.index.keyword import to_simplified
 
-    return to_simplified(unicodedata.normalize("NFKC", text).lower())
+    return to_simplified(text)
 
 
 class _Text:
@@ -257,7 +257,8 @@ class _Text:
 
         self.text = text
         self.tokens = {_base(t) for t in tokenize(text)}
-        self.folded = _fold(text)
+        self.simplified = _simplified(text)
+        self.folded = _simplified(unicodedata.normalize("NFKC", text).lower())
         label = _LABEL.match(text) if labelled else None
         self.label = _Text(re.split(r"[,，(（]", label.group(1))[0]) if label else None  # "GStreamer, another…"
 

@@ -213,28 +213,6 @@ def to_simplified(text: str) -> str:
     return zhconv.convert(text, "zh-cn")
 
 
-def exact_words(text: str) -> list[str]:
-    """Han text cut into words in order: jieba's exact mode (卡塔尔 世界杯), not search mode's overlapping parts."""
-    return [w for w in _jieba(len(text)).lcut(text) if w.strip()]
-
-
-def is_name(word: str) -> bool:
-    """Whether jieba's dictionary tags the word as a name: of a person, place, organisation or other thing (nr, ns,
-    nt, nz) or an abbreviated one (j)."""
-    return b"\n" + word.encode("utf-8") + b"\n" in _dictionary_names()
-
-
-@lru_cache(maxsize=1)
-def _dictionary_names() -> bytes:
-    """The dictionary's names, one a line, read once a process (1 MB, where jieba.posseg's table of every word's tag
-    takes 50 MB): a lookup scans it in well under a millisecond."""
-    import jieba
-
-    entries = (Path(jieba.__file__).parent / jieba.DEFAULT_DICT_NAME).read_bytes()
-    names = re.findall(rb"^(\S+) \d+ (?:nr|ns|nt|nz|nrt|nrfg|j)\r?$", entries, re.MULTILINE)
-    return b"\n" + b"\n".join(names) + b"\n"
-
-
 def tokenize(text: str) -> list[str]:
     """Tokens for BM25: jieba search-mode words, English stems, identifiers whole and in parts.
 

@@ -56,7 +56,7 @@ from rag_app.search.query import (
 )
 from rag_app.search.relevance_features import Contains, QueryTerms, note_evidence
 from rag_app.search.time_phrases import extract_time_range
-from rag_app.search.unmentioned import Mentions, editions, misses_edition, nonwords, unmentioned
+from rag_app.search.unmentioned import Mentions, nonwords, unmentioned
 from readers.markdown_syntax import is_chinese
 from readers.records import decode_list
 
@@ -757,8 +757,6 @@ class NoteFusionRetriever(QueryFusionRetriever):
             for result in results:
                 result["relevance"] = min(result["relevance"], relevance.RELATED - 0.01)
                 result["unmentioned"] = absent
-        elif HAN_RUN.search(text):
-            self._unnamed_editions(index, text, results)
         if down:  # the dense evidence was never gathered: what BM25 alone found is at most related
             for result in results:
                 result["relevance"] = min(result["relevance"], relevance.STRONG - 0.01)
@@ -923,22 +921,6 @@ class NoteFusionRetriever(QueryFusionRetriever):
             return absent
         absent = nonwords(text, mentions, english_lexicon)
         return absent if all(nonwords(v, mentions, english_lexicon) for v in self.variants or []) else []
-
-    def _unnamed_editions(self, index: SearchIndex, text: str, results: list[dict[str, Any]]) -> None:
-        """A result that names what a Chinese question asks about but never the edition it asks about (卡塔尔世界杯: a
-        coach's life says 卡塔尔 and 世界杯 apart; 神舟十六号: a note on 神舟 without 十六号) cannot tell what happened
-        there: it is a lead at most (`unmentioned.editions`), when each query the caller gave says so."""
-        rated = [r for r in results if r["relevance"] >= relevance.RELATED]
-        asked = [editions(query) for query in [text, *(self.variants or [])]] if rated else []
-        if not asked or not all(asked):
-            return
-        texts = index.manifest.chunks_of_notes([r["note_id"] for r in rated])
-        for result in rated:
-            body = to_simplified("\n".join(texts.get(result["note_id"], [])))
-            missed = [[a + b for a, b in query if misses_edition((a, b), body)] for query in asked]
-            if all(missed):
-                result["relevance"] = min(result["relevance"], relevance.RELATED - 0.01)
-                result["edition_unnamed"] = missed[0]
 
     @staticmethod
     def _heard(keyword: KeywordIndex, gloss: str) -> bool:

@@ -19,16 +19,7 @@ import re
 from collections.abc import Callable, Container, Iterable
 from typing import TYPE_CHECKING
 
-from rag_app.index.keyword import (
-    EN_STOPWORDS,
-    HAN_RUN,
-    PerIndex,
-    _stemmer,
-    exact_words,
-    is_name,
-    to_simplified,
-    tokenize,
-)
+from rag_app.index.keyword import EN_STOPWORDS, HAN_RUN, PerIndex, _stemmer, tokenize
 from rag_app.search.time_phrases import MONTH_NAMES
 from readers.markdown_syntax import is_chinese
 
@@ -67,10 +58,6 @@ MAX_NAMES = 5  # named back to the person at most
 MAX_CHECKED = 20  # names of one question looked up
 PREFIX_LETTERS = 5  # a name this long that begins a word the notes hold is that word shortened (Postgres)
 MAX_SPELLINGS = 20  # words of the notes tried as a name's other spellings under a filter
-# A Chinese question's edition (`editions`): a name and the name or ordinal beside it that picks one of its kind.
-_ORDINAL = re.compile(r"第?[\d一二三四五六七八九十百零两]+[号任届代期版季]")  # 十六号, 第六任 (not 第二次: a time)
-_GLUED = re.compile(r"^[和与及的在是从于对把被将]|[的是和与及在了才于]$")  # a particle cut into the word: 和宜兰, 冈是
-EDITION_GAP = 8  # characters between the two parts that still name the edition (北京举办的奥运会)
 
 
 def _joins(character: str) -> bool:
@@ -129,39 +116,6 @@ def nonwords(question: str, mentioned: Callable[[str], bool], lexicon: Callable[
     if not words or len(words) > MAX_CHECKED or any(readable(w, mentioned, lexicon) for w in words):
         return []
     return words[:MAX_NAMES]
-
-
-def editions(question: str) -> list[tuple[str, str]]:
-    """The editions a Chinese question asks about: a name of two or more characters followed by another name or an
-    ordinal, or an ordinal followed by a name (卡塔尔 世界杯, 神舟 十六号, 香港 第六任, 第一届 奥斯卡), by jieba's
-    dictionary. A passage on another edition holds every word of the question (世界杯, 卡塔尔 and 冠军 in a coach's
-    life), but never the two together."""
-    if not HAN_RUN.search(question):
-        return []
-    words = exact_words(to_simplified(question))
-    found = []
-    for first, second in zip(words, words[1:], strict=False):
-        if _GLUED.search(first) or _GLUED.search(second):
-            continue
-        kinds = ["ordinal" if _ORDINAL.fullmatch(word) else "name" if len(word) >= 2 and is_name(word) else ""
-                 for word in (first, second)]
-        if all(kinds) and "name" in kinds:
-            found.append((first, second))
-    return found
-
-
-def misses_edition(edition: tuple[str, str], text: str) -> bool:
-    """Whether a note's (simplified) text names the edition's name but never the edition: the two parts within
-    EDITION_GAP characters in either order (北京…奥运 for 北京奥运会). A note that does not hold the name at all (an
-    English note for 杭州灵隐寺) is left to the words and the meaning."""
-    first, second = edition
-    name = second if _ORDINAL.fullmatch(first) else first
-    if name not in text:
-        return False
-    lead = second if _ORDINAL.fullmatch(second) else second[:2]
-    gap = f".{{0,{EDITION_GAP}}}"
-    return not (re.search(re.escape(first) + gap + re.escape(lead), text, re.DOTALL)
-                or re.search(re.escape(second) + gap + re.escape(first), text, re.DOTALL))
 
 
 def readable(word: str, mentioned: Callable[[str], bool], lexicon: Callable[[], Container[str]]) -> bool:

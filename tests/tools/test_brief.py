@@ -95,8 +95,6 @@ def test_a_brief_result_names_dates_and_previews_the_note_and_passes_relevance_t
     detailed = brief_result(result, set(), "passages")
     assert "preview" not in detailed and detailed["passages"] == [{"heading": "", "text": MOVIES}]
     assert "relevance" not in brief_result({**result, "relevance": None}, set(), "brief")
-    capped = brief_result({**result, "edition_unnamed": ["卡塔尔世界杯"]}, set(), "brief")
-    assert capped["edition_unnamed"] == ["卡塔尔世界杯"]  # why a note with every word is a lead
 
 
 def test_previews_share_the_room_strong_hits_first_and_never_fall_below_the_minimum():

@@ -410,3 +410,16 @@ def test_a_speed_is_the_kind_how_fast_asks():
     goal, speeds = scorer.scores([("", "Goal: stable Wi-Fi in every room, 2 floors."),
                                   ("", "测速结果：客厅 480 Mbps，阳台 150 Mbps。")], "家庭网络折腾记")
     assert speeds > goal
+
+
+def test_a_rate_is_asked_only_when_the_question_asks_how_fast_and_a_size_keeps_its_unit_sign():
+    """Found by a red team: 阅读速度, "speed up the build" and a shoe's 42码 are no speeds, and 89㎡ stays a size when
+    the line is read in simplified script (NFKC would make it 89m2)."""
+    for question in ("网速慢怎么办", "我的阅读速度怎么样", "how to speed up the build"):
+        assert not LineScorer.for_question(question, {}.get).kinds, question
+    fast = LineScorer.for_question("骑车速度是多少", {"骑车": 2.0}.get)
+    shoe, speed = fast.scores([("", "骑车穿 42码 的鞋"), ("", "骑车平路均速 25 km/h")], "")
+    assert speed > shoe
+    size = LineScorer.for_question("房子面积多大", {"房子": 2.0, "面积": 3.0}.get)
+    rooms, area = size.scores([("", "房子面积比上一套多出 2 个房间"), ("", "房子面积 89㎡")], "")
+    assert area > rooms

@@ -13,7 +13,7 @@ from rag_app.config import load_settings
 from rag_app.engine import Brain
 from rag_app.search.cross_language import english_lexicon
 from rag_app.search.retrieve import KeywordRetriever, SearchIndex
-from rag_app.search.unmentioned import editions, misses_edition, names, nonwords, unmentioned
+from rag_app.search.unmentioned import names, nonwords, unmentioned
 from rag_app.shells import cli
 from tests.conftest import write_files
 
@@ -226,50 +226,3 @@ def test_the_cli_says_which_name_no_note_mentions(english_home):
                                         "--since", "2020-01-01"])
     assert filtered.output.startswith("not in your notes: no note matching the filters (since: 2020-01-01) mentions "
                                       "WebDAV;")
-
-
-def test_an_edition_is_a_name_beside_another_name_or_an_ordinal_in_a_chinese_question():
-    assert editions("卡塔尔世界杯的冠军") == [("卡塔尔", "世界杯")]
-    assert editions("神舟十六号发射时间？") == [("神舟", "十六号")]
-    assert editions("香港第六任行政长官选举结果") == [("香港", "第六任")]
-    assert editions("第一屆奧斯卡最佳女主角是誰") == [("第一届", "奥斯卡")]  # read in simplified script
-
-
-def test_no_edition_in_a_question_without_two_names_side_by_side():
-    for question in ("我家猫多重", "手冲咖啡水温多少度", "外蒙古第二次宣布独立", "what did I eat in Chengdu"):
-        assert editions(question) == [], question
-
-
-def test_a_note_misses_an_edition_when_it_names_the_parts_only_apart():
-    coach = "霍顿执教过卡塔尔，那些年球队在亚洲杯表现平平。他一生没有参加过世界杯。"
-    assert misses_edition(("卡塔尔", "世界杯"), coach)
-    assert not misses_edition(("卡塔尔", "世界杯"), "2022年卡塔尔世界杯决赛，阿根廷夺冠。")
-    assert not misses_edition(("北京", "奥运会"), "2008年北京举办的奥运会")  # within EDITION_GAP
-    assert not misses_edition(("杭州", "灵隐寺"), "Lingyin Temple in the morning")  # left to the meaning
-
-
-@pytest.fixture
-def football_brain(tmp_path: Path, home: Path) -> Iterator[Brain]:
-    """A Chinese vault where one note names 卡塔尔 and 世界杯 apart (a coach's life) and one the 2022 final."""
-    vault = write_files(tmp_path / "vault", {
-        "people/霍顿.md": "# 鲍比·霍顿\n\n英国足球教练。霍顿执教过卡塔尔，那些年球队在亚洲杯表现平平，联赛拿过冠军。"
-                         "他一生没有带队参加过世界杯。\n",
-        "events/决赛.md": "# 世界杯决赛\n\n2022年卡塔尔世界杯决赛，阿根廷点球战胜法国，拿到冠军。\n",
-        "life/咖啡.md": "# 咖啡\n\n手冲水温 92 度，粉水比 1:15。\n",
-    })
-    brain = Brain(home)
-    assert not brain.sync(vaults=(str(vault),)).failed
-    yield brain
-    brain.close()
-
-
-def test_a_note_that_never_names_the_edition_asked_about_is_a_lead_not_an_answer(football_brain):
-    """A coach's life holds 卡塔尔, 世界杯 and 冠军, every word of the question, and was "found"; it cannot say who
-    won in Qatar. The note on that final still answers."""
-    question = "卡塔尔世界杯的冠军是谁"
-    found = football_brain.search(question, 5, expand=False)
-    assert found.answer_state == "found" and found.results[0]["title"] == "世界杯决赛"
-    coach = football_brain.search(question, 5, expand=False, path_prefix="people/")
-    assert coach.results and coach.results[0]["title"] == "鲍比·霍顿"
-    assert coach.answer_state != "found" and coach.results[0]["edition_unnamed"] == ["卡塔尔世界杯"]
-    assert football_brain.search("霍顿执教过哪支球队", 5, expand=False, path_prefix="people/").answer_state == "found"
