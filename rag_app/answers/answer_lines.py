@@ -14,8 +14,9 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from rag_app.index.keyword import EN_STOPWORDS, is_question_word, to_simplified, tokenize
 from readers.markdown_syntax import is_chinese
 
 TITLE_DISCOUNT = 0.3  # a question word that is in the title says which note, not which line
@@ -117,15 +118,13 @@ class LineScorer:
     reader: Callable[[list[str]], list[float] | None] | None = None  # the main model's cosines of whole passages
     translation: Callable[[], str | None] | None = None  # the question in the other language (its gloss)
     idf: Callable[[str], float | None] | None = None  # how rare a word is in the home (None: no note holds it)
-    _glossed: dict[str, float] | None = None  # the translation's words and weights, read once
+    _glossed: dict[str, float] | None = field(default=None, init=False, repr=False)  # the translation's, read once
 
     @classmethod
     def for_question(cls, question: str, idf: Callable[[str], float | None],
                      similarity: Callable[[list[str]], list[float] | None] | None = None,
                      reader: Callable[[list[str]], list[float] | None] | None = None,
                      translation: Callable[[], str | None] | None = None) -> LineScorer:
-        from rag_app.index.keyword import is_question_word, tokenize
-
         asking = {t for word in _HOW_WORD.findall(question) + _ASKING_PHRASE.findall(question)
                   for t in tokenize(word)} | _FUNCTION_WORDS
         terms = [t for t in dict.fromkeys(_base(t) for t in tokenize(question))
@@ -142,13 +141,13 @@ class LineScorer:
         """One score per (section, text) unit: the higher, the more likely the line answers."""
         in_title = _Text(title)
         sections = {section: _Text(section) for section, _ in units}
-        other = bool(units) and self.han is not None and is_chinese("".join(text for _, text in units)) != self.han
         texts = [_Text(text, labelled=True) for _, text in units]
         words = [self._words(text, sections[section], in_title, self.weights)
                  for (section, _), text in zip(units, texts, strict=True)]
         best = max(words, default=0.0) or 1.0
         scores = [w / best for w in words]
         if self.similarity is not None and units:
+            other = self.han is not None and is_chinese("".join(text for _, text in units)) != self.han
             glossed = self._gloss() if other and len(units) > MAX_UNITS else None
             cut = [score + self._words(text, sections[section], in_title, glossed) / best
                    for (section, _), text, score in zip(units, texts, scores, strict=True)] if glossed else scores
@@ -173,14 +172,12 @@ class LineScorer:
         the kind asked (5.8kg for 多重: the rule knows what answers, the passage's meaning does not)."""
         if self.reader is None or self.han:
             return False
-        return not (best_line and any(kind.search(_simplified(best_line)) for kind in self.kinds))
+        return not (best_line and any(kind.search(to_simplified(best_line)) for kind in self.kinds))
 
     def _gloss(self) -> dict[str, float]:
         """The words of the question's translation (a note in the other language holds those, not the question's:
         侧边栏…默认怎么排序 → sidebar … sort), weighed by rarity as the question's own are; read once."""
         if self._glossed is None:
-            from rag_app.index.keyword import is_question_word, tokenize
-
             gloss = self.translation() if self.translation is not None else None
             tokens = dict.fromkeys(_base(t) for t in tokenize(gloss or "") if not is_question_word(t))
             self._glossed = {t: (self.idf(t) if self.idf else None) or 0.0 for t in tokens if t not in self.weights}
@@ -208,8 +205,6 @@ class LineScorer:
 def _focus(question: str) -> set[str]:
     """The tokens of what the question asks about: the first word after a Chinese question word, the first one or two
     after an English one (up to a stop word)."""
-    from rag_app.index.keyword import EN_STOPWORDS, tokenize
-
     found: set[str] = set()
     for run in _FOCUS_ZH.findall(question):
         found.update(tokenize(run)[:1])
@@ -241,24 +236,15 @@ def _base(token: str) -> str:
 _HAN_TERM = re.compile(r"^[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+$")
 
 
-def _simplified(text: str) -> str:
-    """A line in simplified script, as written otherwise (NFKC would make 89㎡ 89m2 and ① a digit)."""
-    from rag_app.index.keyword import to_simplified
-
-    return to_simplified(text)
-
-
 class _Text:
     """A line as the scorer reads it: its tokens, and its folded text, in which a Chinese word is looked up as written
     (jieba cuts the same characters differently by context: 看完 in the question, 看完想 in the line)."""
 
     def __init__(self, text: str, labelled: bool = False) -> None:
-        from rag_app.index.keyword import tokenize
-
         self.text = text
         self.tokens = {_base(t) for t in tokenize(text)}
-        self.simplified = _simplified(text)
-        self.folded = _simplified(unicodedata.normalize("NFKC", text).lower())
+        self.simplified = to_simplified(text)  # what kinds and numbers read: NFKC would make 89㎡ 89m2, ① a digit
+        self.folded = to_simplified(unicodedata.normalize("NFKC", text).lower())
         label = _LABEL.match(text) if labelled else None
         self.label = _Text(re.split(r"[,，(（]", label.group(1))[0]) if label else None  # "GStreamer, another…"
 

@@ -249,13 +249,15 @@ class SearchIndex:
             return None
         return self._cosines(question, TOPIC_MODEL, lines)
 
-    def translation(self, question: str) -> str | None:
-        """The question in the other language (rag_app.search.cross_language): a Chinese question's English gloss, an
-        English question's Chinese one, each word's sense chosen by what this home holds; None when nothing glosses."""
+    def translation(self, question: str, into_english: bool | None = None,
+                    words: list[str] | None = None) -> str | None:
+        """The question in the other language (rag_app.search.cross_language): its English gloss (by default for a
+        Chinese question) or its Chinese one, each word's sense chosen by what this home holds; None when nothing
+        glosses. `words`: the question's content words (Chinese) or English words when the caller has them."""
         keyword = self.keyword()
-        if is_chinese(question):
-            return english_gloss(question, known=lambda sense: _known_share(keyword, sense))
-        return chinese_gloss(question, uses=keyword.df)
+        if is_chinese(question) if into_english is None else into_english:
+            return english_gloss(question, known=lambda sense: _known_share(keyword, sense), words=words)
+        return chinese_gloss(question, uses=keyword.df, words=words)
 
     def passage_similarities(self, question: str, passages: list[str]) -> list[float] | None:
         """Cosines of a few candidate passages to a question by the main model when it is the default e5, which reads
@@ -896,12 +898,12 @@ class NoteFusionRetriever(QueryFusionRetriever):
             words = content_words(text)
             if not words or sum(_known_share(keyword, w) > 0 for w in words) > TRANSLATE_KNOWN * len(words):
                 return None
-            return english_gloss(text, known=lambda sense: _known_share(keyword, sense), words=words)
+            return index.translation(text, True, words)
         if keyword.han_share >= TRANSLATE_ZH_HAN:
             stems = english_words(text)
             if not stems or sum(keyword.df(w) > 0 for w in stems) > TRANSLATE_KNOWN * len(stems):
                 return None
-            return chinese_gloss(text, uses=keyword.df, words=stems)
+            return index.translation(text, False, stems)
         return None
 
     def _unmentioned(self, index: SearchIndex, text: str, allowed: set[str] | None, notes: set[str] | None,
