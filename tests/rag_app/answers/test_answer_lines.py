@@ -423,3 +423,16 @@ def test_a_rate_is_asked_only_when_the_question_asks_how_fast_and_a_size_keeps_i
     size = LineScorer.for_question("房子面积多大", {"房子": 2.0, "面积": 3.0}.get)
     rooms, area = size.scores([("", "房子面积比上一套多出 2 个房间"), ("", "房子面积 89㎡")], "")
     assert area > rooms
+
+
+def test_a_weekday_is_the_kind_which_day_asks_and_a_count_per_week_is_none():
+    """台北的咖啡馆星期几经常不开门: the café note's 週一公休 line, not its opening line about the week in Taipei."""
+    scorer = LineScorer.for_question("台北的咖啡馆星期几经常不开门", {"台北": 2.0, "咖啡馆": 2.5, "开门": 3.0}.get)
+    opening, closed = scorer.scores([("", "去年十月到台北出差一週，每天下班後都去找一間咖啡館坐坐。"),
+                                     ("", "很多店週一公休，出門前要先查。")], "台北咖啡館筆記")
+    assert closed > opening
+    counts = LineScorer.for_question("周几去健身", {"健身": 3.0}.get)
+    per_week, monday, weekend = counts.scores([("", "健身一周一次"), ("", "每周一去健身"), ("", "健身放在周末")], "")
+    assert monday > per_week and weekend > per_week
+    assert LineScorer.for_question("which days is the gym open", {}.get).kinds
+    assert not LineScorer.for_question("星期天去哪里玩", {}.get).kinds
