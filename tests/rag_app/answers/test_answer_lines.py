@@ -436,3 +436,21 @@ def test_a_weekday_is_the_kind_which_day_asks_and_a_count_per_week_is_none():
     assert monday > per_week and weekend > per_week
     assert LineScorer.for_question("which days is the gym open", {}.get).kinds
     assert not LineScorer.for_question("星期天去哪里玩", {}.get).kinds
+
+
+def test_a_why_is_answered_by_a_line_that_gives_a_cause_not_a_purpose():
+    """馒头之前拉肚子是什么原因: the 软便 line that says 导致, not the cat's introduction; a line saying why something
+    was done (为了, "to avoid") is no cause of what was asked."""
+    scorer = LineScorer.for_question("馒头之前拉肚子是什么原因", {"馒头": 2.0, "拉肚子": 4.0}.get)
+    intro, cause = scorer.scores([("", '家里的猫叫"馒头"，橘白色，今年三岁。'),
+                                  ("", "- 2023-07：软便，换粮过渡太快导致，三天恢复")], "猫咪日常")
+    assert cause > intro
+    english = LineScorer.for_question("why is the laptop display turned off", {"laptop": 3.0, "display": 2.0}.get)
+    config, reason = english.scores([("", "# laptop display settings"),
+                                     ("", "The laptop is off because its screen is broken.")], "Hyprland")
+    assert reason > config
+    trip = LineScorer.for_question("why did I leave so early", {"early": 3.0}.get)
+    purpose, plain = trip.scores([("", "I left early to avoid the crowds, 为了避开人群."), ("", "I left early.")],
+                                 "Kyoto")
+    assert purpose == pytest.approx(plain)
+    assert not LineScorer.for_question("how do I feed the cat", {}.get).kinds
