@@ -55,8 +55,9 @@ _NUMBER = re.compile(
 # The kind of amount a question asks for, and a line's number of that kind (a number with its unit): 多重 / how heavy
 # is answered by 5.8kg, how far by 8 km or a runner's 5k (not how long: 2k, a 4K screen), how big by 360 KB, which
 # frequencies by 3 MHz, 多快 by 150 Mbps, 星期几 by 週一 (not 一周一次), 什么时候 by 春秋 or 9 月. Units follow the
-# number; a time may also be said without one (早上, spring, 周末). A why is answered by a cause said as one (导致,
-# because), not by a purpose (为了, "to avoid": the lines of a trip say why each thing was done).
+# number; a time may also be said without one (早上, spring, 周末). 星期几 asks a weekday, not 一周几次 (a count) nor
+# "which day did we arrive" (a date). A why is answered by a cause said as one (导致, because, "Root cause:"), not
+# by a purpose (为了, "to avoid": a trip's lines say why each thing was done) nor a result (所以).
 _NUM = r"(?:(?<![A-Za-z0-9_])\d[\d.,]*|[零一二两三四五六七八九十百千万半几]+)\s*"
 _KINDS = [(re.compile(q, re.IGNORECASE), re.compile(line, re.IGNORECASE)) for q, line in (
     (r"多重|多沉|体重|重量|\bhow heavy\b|\bweigh", _NUM + r"(?:kg|g|mg|lbs?|pounds?|oz|tons?|公斤|千克|克|斤|磅|吨)"
@@ -76,11 +77,13 @@ _KINDS = [(re.compile(q, re.IGNORECASE), re.compile(line, re.IGNORECASE)) for q,
     (r"\bfrequenc|频率|频段", _NUM + r"(?:[kmgt]?hz|赫兹)(?![a-z])"),
     (r"多快|测速|带宽|(?:网速|速度|车速)(?:是|有)?多少|\bhow fast\b|\bwhat(?:'s| is| was)? the speed\b|\bbandwidth\b",
      _NUM + r"(?:[kmgt]i?b(?:ps|/s)|[kmgt]bit/s|km/h|kph|mph|m/s|公里每小时|公里/小时)(?![a-z])"),
-    (r"星期[几幾]|[周週][几幾]|[礼禮]拜[几幾]|\b(?:what|which) days?\b", r"(?<![一二两三四五六七八九十几])"
-     r"(?:星期|周|礼拜)[一二三四五六日天](?![次遍个回直天])|工作日|周末|\b(?:mon|tues|wednes|thurs|fri|satur|sun)days?\b|"
+    (r"(?<![一二两三四五六七八九十几每这上下本])(?:星期|[周週]|[礼禮]拜)[几幾](?![次天小个遍回])|"
+     r"\b(?:what|which) days\b|\b(?:what|which) days? of the week\b",
+     r"(?<![一二两三四五六七八九十几])(?:星期|周|礼拜)[1-7一二三四五六日天](?![次遍个回直天起共般切程报子])|工作日(?!志)|周末|\b(?:mon|tues|wednes|thurs|fri|satur|sun)days?\b|"
      r"\bweekdays?\b|\bweekends?\b"),
-    (r"为什么|為什麼|原因|怎么会|怎麼會|\bwhy\b|\bwhat caus|\bhow come\b", r"因为|由于|导致|所以|"
-     r"\bbecause\b|\bdue to\b|\bcaused? by\b|\bas a result\b"),
+    (r"为什么|為什麼|原因|怎么会(?!议)|怎麼會(?!議)|\bwhy\b|\bwhat caus|\bhow come\b", r"因为|由于|导致|"
+     r"(?:原因|理由)\s*[:：是]|\bbecause\b|\bdue to (?!be\b|the\b|my\b|\w+ (?:on|by|in)\b)|\bcaused? by\b|"
+     r"\b(?:root )?cause\s*:|\breason\s*:"),
     (r"多久一次|几次|\bhow often\b|\bhow many times\b", r"每|一次|\bevery\b|\bper\b|\bdaily\b|\bweekly\b|"
      r"\btimes? a\b|" + _NUM + r"(?:次|遍|times)"),
     (r"几点|什么时候|什么时间|哪年|哪天|\bwhat time\b|^\W*when\b", r"\d{1,2}[:：]\d{2}|" + _NUM + r"(?:点|點|am|pm|"

@@ -454,3 +454,29 @@ def test_a_why_is_answered_by_a_line_that_gives_a_cause_not_a_purpose():
                                  "Kyoto")
     assert purpose == pytest.approx(plain)
     assert not LineScorer.for_question("how do I feed the cat", {}.get).kinds
+
+
+def test_a_count_per_week_or_a_date_is_no_weekday_asked_and_a_weekday_may_be_a_digit():
+    """Found by a red team: 瑜伽一周几次 asks a count (每周两次, not 周六's class), "which day did we arrive" a date;
+    周2 is a weekday, 工作日志 and 这周一共 are none."""
+    yoga = LineScorer.for_question("瑜伽一周几次", {"瑜伽": 3.0}.get)
+    count, saturday = yoga.scores([("", "- 频率：每周两次"), ("", "- 瑜伽课周六上午十点")], "瑜伽")
+    assert count > saturday
+    assert not LineScorer.for_question("which day did we arrive in Tokyo", {}.get).kinds
+    lesson = LineScorer.for_question("周几有日语课", {"日语": 3.0}.get)
+    digits, weekend, log, total = lesson.scores([("", "上课时间：周2、周4 晚上"), ("", "周末做作业"),
+                                                 ("", "工作日志"), ("", "这周一共三节")], "日语")
+    assert digits >= weekend and digits > log and digits > total
+
+
+def test_a_cause_is_said_as_one_and_a_result_or_a_due_date_is_none():
+    """Found by a red team: 所以 gives a result (the cause is the line before), "due to repot in May" is a date, and a
+    "Root cause:" or 原因： label gives a cause without a connective."""
+    sleep = LineScorer.for_question("为什么周末总睡不好", {"周末": 3.0, "睡": 3.0}.get)
+    cause, result = sleep.scores([("", "- 周末晚睡晚起，生物钟被打乱"), ("", "- 所以周日晚上更难入睡")], "睡眠")
+    assert cause > result
+    plant = LineScorer.for_question("why did the plant die", {"plant": 2.0}.get)
+    due, label, plain = plant.scores([("", "The plant was due to repot in May"),
+                                      ("", "Root cause: the plant had root rot"), ("", "The plant sat by the window")],
+                                     "Plants")
+    assert due == pytest.approx(plain) and label > plain
