@@ -58,7 +58,9 @@ _NUMBER = re.compile(
 # number; a time may also be said without one (早上, spring, 周末). 星期几 asks a weekday, not 一周几次 (a count) nor
 # "which day did we arrive" (a date). A why is answered by a cause said as one (导致, because, "Root cause:"), not
 # by a purpose (为了, "to avoid": a trip's lines say why each thing was done) nor a result (所以).
-_NUM = r"(?:(?<![A-Za-z0-9_])\d[\d.,]*|[零一二两三四五六七八九十百千万半几]+)\s*"
+_NUM = (r"(?:(?<![A-Za-z0-9_])\d[\d.,]*\s*|[零一二两三四五六七八九十百千万半几]+\s*|\b(?:one|two|three|four|five|six|"
+        r"seven|eight|nine|ten|eleven|twelve|fifteen|twenty|thirty|forty|fifty|sixty|ninety|hundreds? of|a few|"
+        r"a couple of|several|half an?)[\s-]+)")  # "expire after two weeks" is a duration as 两周 is
 _KINDS = [(re.compile(q, re.IGNORECASE), re.compile(line, re.IGNORECASE)) for q, line in (
     (r"多重|多沉|体重|重量|\bhow heavy\b|\bweigh", _NUM + r"(?:kg|g|mg|lbs?|pounds?|oz|tons?|公斤|千克|克|斤|磅|吨)"
      r"(?![a-z])"),

@@ -480,3 +480,12 @@ def test_a_cause_is_said_as_one_and_a_result_or_a_due_date_is_none():
                                       ("", "Root cause: the plant had root rot"), ("", "The plant sat by the window")],
                                      "Plants")
     assert due == pytest.approx(plain) and label > plain
+
+
+def test_an_amount_in_english_words_is_of_the_kind_asked():
+    """how long is the access token valid: "This token will expire after two weeks" is a duration as 两周 is, not the
+    curl line that holds the question's words; a word ending like a unit (tens) is no amount."""
+    scorer = LineScorer.for_question("how long is the access token valid", {"token": 3.0, "access": 2.0}.get)
+    curl, weeks, tens = scorer.scores([("", "curl -X POST https://example.com/token -d access"),
+                                       ("", "This token will expire after two weeks"), ("", "tens of tokens")], "")
+    assert weeks > curl > tens
