@@ -395,8 +395,7 @@ def passage(markdown: str, terms: list[str], limit: int = PASSAGE_CHARS, scorer:
             title: str = "") -> tuple[str, str]:
     """(section heading, markdown): the part of a note or chunk that best answers, cut between whole blocks (a table
     keeps its header, code its fences) within one section, the terms in bold (not inside code). With a `scorer`
-    the block holding the best-scored line (a code line's score counted at CODE_SHARE) is chosen and that line is
-    kept (answer_lines), unless the main model,
+    the block holding the best-scored line is chosen and that line is kept (answer_lines), unless the main model,
     reading a short passage around each of the best REREAD_CANDIDATES blocks' lines, finds another clearly closer to
     the question; without, the block with the most of the terms."""
     every = _blocks(readable_inline(markdown))
@@ -412,8 +411,6 @@ def passage(markdown: str, terms: list[str], limit: int = PASSAGE_CHARS, scorer:
                   if h.kind == "heading" and h.level > 1 and h.section in first_of]
         scores = scorer.scores([(blocks[k].section, blocks[k].section if unit is None else unit)
                                 for k, unit in units], title)
-        scores = [score * CODE_SHARE if score > 0 and unit is not None and blocks[k].kind == "code" else score
-                  for (k, unit), score in zip(units, scores, strict=True)]
         rank = dict.fromkeys(range(len(blocks)), float("-inf"))
         for (k, unit), score in zip(units, scores, strict=True):
             if score > rank[k]:
@@ -431,9 +428,6 @@ def passage(markdown: str, terms: list[str], limit: int = PASSAGE_CHARS, scorer:
     return _assemble(blocks, best, rank, prefer, terms, limit)
 
 
-CODE_SHARE = 0.75  # of a code line's score: its words are identifiers, paths and keys that echo a question's words
-# (asyncio code for "my background asyncio task just vanishes", a curl call for "how long is the token valid") more
-# than a sentence's do (bench/answer_lines.py, 289 shown notes: 243 → 245 lines shown, none lost; 0.5: 244)
 REREAD_CANDIDATES = 4  # the best-scored blocks whose passages the main model reads (the line that answers was in the
 # best 4 for 153 of 159 shown notes of bench/answer_lines, in the best one for 138)
 REREAD_CHARS = 200  # of each candidate's passage read: its line and what is next to it (of 194 pairs, 1 line fewer

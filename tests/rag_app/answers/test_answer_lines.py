@@ -489,13 +489,3 @@ def test_an_amount_in_english_words_is_of_the_kind_asked():
     curl, weeks, tens = scorer.scores([("", "curl -X POST https://example.com/token -d access"),
                                        ("", "This token will expire after two weeks"), ("", "tens of tokens")], "")
     assert weeks > curl > tens
-
-
-def test_a_code_line_echoing_the_question_s_words_does_not_outweigh_a_sentence_holding_as_many():
-    """A config's keys and comments repeat the words a person asks with; the sentence that holds as many of them says
-    the answer."""
-    note = ("# Backups\n\n```ini\n# where the nightly backups go\nbackup_dir = /mnt/nas/backups\n```\n\n"
-            "## Where\n\nThe nightly backups go to the NAS in the hall closet.\n")
-    scorer = LineScorer.for_question("where do my nightly backups go", {"nightly": 3.0, "backup": 4.0, "go": 1.0}.get)
-    section, text = passage(note, [], scorer=scorer, title="Backups")
-    assert "hall closet" in text and "backup_dir" not in text
