@@ -391,6 +391,15 @@ def _units(block: _Block) -> list[str]:
     return [block.text]
 
 
+def _context(block: _Block) -> str:
+    """What a line of the block is read under: its section, and a table row its header too (a row "| Li-Ion LFP |
+    | 160 |" gives Wh/kg because its column says so)."""
+    if block.kind == "table" and len(block.lines) > 1 and _TABLE_RULE.match(block.lines[1]):
+        header = " ".join(cell.strip() for cell in block.lines[0].strip().strip("|").split("|") if cell.strip())
+        return f"{block.section} {header}".strip()
+    return block.section
+
+
 def passage(markdown: str, terms: list[str], limit: int = PASSAGE_CHARS, scorer: LineScorer | None = None,
             title: str = "") -> tuple[str, str]:
     """(section heading, markdown): the part of a note or chunk that best answers, cut between whole blocks (a table
@@ -409,7 +418,7 @@ def passage(markdown: str, terms: list[str], limit: int = PASSAGE_CHARS, scorer:
         first_of = {b.section: k for k, b in reversed(list(enumerate(blocks)))}
         units += [(first_of[h.section], None) for h in every
                   if h.kind == "heading" and h.level > 1 and h.section in first_of]
-        scores = scorer.scores([(blocks[k].section, blocks[k].section if unit is None else unit)
+        scores = scorer.scores([(blocks[k].section, blocks[k].section) if unit is None else (_context(blocks[k]), unit)
                                 for k, unit in units], title)
         rank = dict.fromkeys(range(len(blocks)), float("-inf"))
         for (k, unit), score in zip(units, scores, strict=True):

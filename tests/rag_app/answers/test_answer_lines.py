@@ -489,3 +489,14 @@ def test_an_amount_in_english_words_is_of_the_kind_asked():
     curl, weeks, tens = scorer.scores([("", "curl -X POST https://example.com/token -d access"),
                                        ("", "This token will expire after two weeks"), ("", "tens of tokens")], "")
     assert weeks > curl > tens
+
+
+def test_a_table_row_is_read_under_its_header():
+    """The LFP row holds no unit; its column says Wh/kg. Read alone, a paragraph naming Wh won."""
+    note = ("# Batteries\n\n## Units\n\nEnergy per mass is counted in Wh for each kilogram.\n\n## Cells\n\n"
+            "| Battery | Specific energy (Wh/kg) | Notes |\n| --- | --- | --- |\n| Li-Ion LCO | 180 | |\n"
+            "| Li-Ion LFP | 160 | cheap |\n")
+    idf = {"wh/kg": 7.0, "wh": 13.7, "kg": 6.6, "lfp": 8.4, "cell": 5.1}
+    scorer = LineScorer.for_question("how many Wh/kg does an LFP cell hold", idf.get)
+    section, text = passage(note, ["wh/kg", "lfp"], scorer=scorer, title="Batteries")
+    assert section == "Cells" and "Li-Ion **LFP** | 160" in text
