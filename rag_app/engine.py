@@ -367,7 +367,7 @@ class Brain:
         """A LlamaIndex RetrieverQueryEngine over `as_retriever(k, **search)`. With an LLM ([llm] or LLM_BASE_URL and
         LLM_MODEL) it answers from the notes that may answer, cited as [n] (`source_nodes[n - 1]`); without one, or
         with half a configuration, it answers with the notes' best passages as `ask` does (answers/llama_engines.py)."""
-        return _llama_engines().query_engine(self.as_retriever(k, **search), self.llm())
+        return _llama_engines().query_engine(self.as_retriever(k, **search), self.llm(), self._asker.answering_lines)
 
     def as_chat_engine(self, session: str | None = None, k: int = 6, **search: Any) -> CondensePlusContextChatEngine:
         """A LlamaIndex CondensePlusContextChatEngine over `as_retriever(k, **search)` whose memory is the brain

@@ -426,61 +426,82 @@ def passage(markdown: str, terms: list[str], limit: int = PASSAGE_CHARS, scorer:
                 rank[k], prefer[k] = score, unit
         order = sorted(range(len(blocks)), key=lambda k: (-rank[k], k))
         candidates = [k for k in order[:REREAD_CANDIDATES] if rank[k] > float("-inf")]
-        best = order[0]
-        if len(candidates) > 1 and scorer.rereads(prefer.get(best)):
+        if len(candidates) > 1 and scorer.rereads(prefer.get(order[0])):
             read = [_assemble(blocks, k, rank, prefer, terms, min(REREAD_CHARS, limit)) for k in candidates]
-            best = candidates[_reread(scorer, candidates, rank, read, title)]
+            candidates = _reread(scorer, candidates, rank, read, title)
+        best = candidates[0] if candidates else order[0]
+        also = next((k for k in candidates if blocks[k].section != blocks[best].section), None)
     else:
         rank = {k: float(_hits(b.text, terms)) for k, b in enumerate(blocks)}
         best = max(range(len(blocks)), key=lambda k: (_hits(blocks[k].text, terms) + (
             _hits(blocks[k].section, terms) if blocks[k].level > 1 else 0), -k))
-    return _assemble(blocks, best, rank, prefer, terms, limit)
+        also = None
+    return _assemble(blocks, best, rank, prefer, terms, limit, also)
 
 
 REREAD_CANDIDATES = 4  # the best-scored blocks whose passages the main model reads (the line that answers was in the
 # best 4 for 153 of 159 shown notes of bench/answer_lines, in the best one for 138)
 REREAD_CHARS = 200  # of each candidate's passage read: its line and what is next to it (of 194 pairs, 1 line fewer
 # shown when the model reads the whole 420-character passage, 9 fewer at 100)
+ALSO_CHARS = 160  # at most, for the best candidate of another section shown after the passage (bench/answer_lines:
+# 255 → 265 of 322 shown notes with their line, passages no longer; more of the same section instead, 580 characters
+# in all: 261)
+ALSO_MIN_CHARS = 60  # less room than this, and no other section is shown
 REREAD_WEIGHT = 20.0  # a passage's cosine above the best-scored one's, against the line scores (the best's = 1):
 # 0.05 closer outweighs the whole best line's score
 
 
 def _reread(scorer: LineScorer, candidates: list[int], rank: dict[int, float], read: list[tuple[str, str]],
-            title: str) -> int:
-    """Which candidate to show (its place in `candidates`): its line score (as a share of the best's) plus
-    REREAD_WEIGHT times how much closer the main model reads its passage (`read`: REREAD_CHARS long), under its
-    section, to the question than the best-scored one's (the first when the model cannot read now)."""
+            title: str) -> list[int]:
+    """The candidates, best to show first: by line score (as a share of the best's) plus REREAD_WEIGHT times how
+    much closer the main model reads its passage (`read`: REREAD_CHARS long), under its section, to the question than
+    the best-scored one's (as they came when the model cannot read now)."""
     cosines = scorer.reader([(f"{section}\n" if section and section != title else "") + text.replace("**", "")
                              for section, text in read])
     if not cosines:
-        return 0
+        return candidates
     top = abs(rank[candidates[0]]) or 1.0
     totals = [rank[k] / top + REREAD_WEIGHT * (cosine - cosines[0]) for k, cosine in zip(candidates, cosines,
                                                                                            strict=True)]
-    return max(range(len(totals)), key=lambda n: (totals[n], -n))
+    return [candidates[n] for n in sorted(range(len(totals)), key=lambda n: (-totals[n], n))]
 
 
 def _assemble(blocks: list[_Block], best: int, rank: dict[int, float], prefer: dict[int, str | None],
-              terms: list[str], limit: int) -> tuple[str, str]:
+              terms: list[str], limit: int, also: int | None = None) -> tuple[str, str]:
     """(section, markdown) of the passage around block `best`: it (cut to its preferred line), then the next-best
-    blocks of its section that fit in `limit`, in the note's order."""
+    blocks of its section that fit in `limit`, in the note's order; `also`, the best candidate of another section,
+    after them, under its heading, when it fits (ALSO_CHARS) and outranks the blocks left."""
     section = blocks[best].section
     chosen = {best: _fit(blocks[best], terms, limit, prefer.get(best))}
     used = len(chosen[best].text)
     near = sorted((k for k, b in enumerate(blocks) if b.section == section and k != best),
                   key=lambda k: (-rank[k], abs(k - best)))
-    for k in near:
-        if used + len(blocks[k].text) > limit:
-            continue
-        chosen[k] = blocks[k]
-        used += len(blocks[k].text)
+    used = _fill(chosen, blocks, [k for k in near if also is None or rank[k] >= rank[also]], used, limit)
+    tail = ""
+    room = min(ALSO_CHARS, limit - used)
+    if also is not None and room >= ALSO_MIN_CHARS:
+        extra = _fit(blocks[also], terms, room, prefer.get(also))
+        if len(extra.text) <= room:
+            label = f"› {blocks[also].section}" if blocks[also].level > 1 else "…"  # a level 1: the note's title
+            tail = f"\n\n{label}\n\n" + (extra.text if extra.kind == "code" else highlight(extra.text, terms))
+            used += len(extra.text)
+    _fill(chosen, blocks, near, used, limit)
     out: list[str] = []
     for k in sorted(chosen):
         if out:
             out.append("\n" if blocks[k].kind == "item" and blocks[k - 1].kind == "item" and k - 1 in chosen
                        else "\n\n")
         out.append(chosen[k].text if chosen[k].kind == "code" else highlight(chosen[k].text, terms))
-    return section, "".join(out)
+    return section, "".join(out) + tail
+
+
+def _fill(chosen: dict[int, _Block], blocks: list[_Block], order: list[int], used: int, limit: int) -> int:
+    """Add the blocks of `order` not chosen yet that fit in `limit` (`used` characters taken): the new total."""
+    for k in order:
+        if k not in chosen and used + len(blocks[k].text) <= limit:
+            chosen[k] = blocks[k]
+            used += len(blocks[k].text)
+    return used
 
 
 def highlight(text: str, terms: list[str]) -> str:

@@ -149,18 +149,18 @@ class Asker:
                                             filters=coverage.get("filters"))
             mode = "not_found"
         elif unsure:
-            scorer, notes = self._answering_lines(query, answers.possible_matches(found.results))
+            scorer, notes = self.answering_lines(query, answers.possible_matches(found.results))
             text, mode = answers.unsure_answer(question, found.results, citations, query, scorer, notes), "unsure"
         else:
-            scorer, notes = self._answering_lines(query, answers.answerable(found.results))
+            scorer, notes = self.answering_lines(query, answers.answerable(found.results))
             text = answers.extractive_answer(question, found.results, citations, notice, query, scorer, notes)
         if on_token is not None:
             on_token(text)
         return self._remember(session, turn_id, question, answers.AnswerResponse(text, citations, coverage, mode))
 
-    def _answering_lines(self, query: str, shown: list[dict[str, Any]]) -> tuple[Any, dict[str, str]]:
+    def answering_lines(self, query: str, shown: list[dict[str, Any]]) -> tuple[Any, dict[str, str]]:
         """What an extractive answer needs to show each note's answering line: a scorer for the query's lines
-        (answers.answer_lines) and the shown notes' full text."""
+        (answers.answer_lines) and the shown notes' full text (the query engine's answers use it too)."""
         with self._lock:
             index = self.searcher()
             keyword = index.keyword()

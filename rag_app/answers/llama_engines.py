@@ -13,6 +13,7 @@ citations, and shows in `brain sessions` and on the chat page; a session's earli
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from llama_index.core.base.response.schema import RESPONSE_TYPE
@@ -72,13 +73,18 @@ class NumberedSources(BaseNodePostprocessor):
         return out
 
 
+AnsweringLines = Callable[[str, list[dict[str, Any]]], tuple[Any, dict[str, str]]]
+
+
 class ExtractiveSynthesizer(BaseSynthesizer):
     """An answer without an LLM: the notes' best passages under their titles, the question's words in bold, cited
     as [n] in the retriever's order (answer.extractive_answer); when no note seems to answer, that, with the
-    nearest notes as leads."""
+    nearest notes as leads. With `lines` (Asker.answering_lines) each passage is its note's answering line, as `ask`
+    shows it."""
 
-    def __init__(self) -> None:
+    def __init__(self, lines: AnsweringLines | None = None) -> None:
         super().__init__(llm=MockLLM(), empty_response=NOT_FOUND)  # never called: no "Could not load OpenAI model"
+        self._lines = lines
 
     def _get_prompts(self) -> dict[str, Any]:
         return {}
@@ -102,19 +108,27 @@ class ExtractiveSynthesizer(BaseSynthesizer):
         citations = citations_from(results)
         if not answerable(results):
             if relevance.answer_state(results) == "unsure":
-                return unsure_answer(query_str, results, citations)
+                return unsure_answer(query_str, results, citations, None, *self._reading(query_str,
+                                                                                         possible_matches(results)))
             return not_found_answer(citations, unmentioned=results[0].get("unmentioned") if results else None)
-        return extractive_answer(query_str, results, citations)
+        return extractive_answer(query_str, results, citations, None, None, *self._reading(query_str,
+                                                                                          answerable(results)))
+
+    def _reading(self, query: str, shown: list[dict[str, Any]]) -> tuple[Any, dict[str, str] | None]:
+        """(line scorer, full texts) for the shown notes' answering lines; none without `lines`."""
+        return self._lines(query, shown) if self._lines is not None else (None, None)
 
     async def aget_response(self, query_str: str, text_chunks: Any, results: list[dict[str, Any]] | None = None,
                             **response_kwargs: Any) -> str:
         return self.get_response(query_str, text_chunks, results)
 
 
-def query_engine(retriever: NoteFusionRetriever, llm: Any | None) -> RetrieverQueryEngine:
-    """A RetrieverQueryEngine: with an LLM, a cited answer from the numbered sources; without, extractive."""
+def query_engine(retriever: NoteFusionRetriever, llm: Any | None,
+                 lines: AnsweringLines | None = None) -> RetrieverQueryEngine:
+    """A RetrieverQueryEngine: with an LLM, a cited answer from the numbered sources; without, extractive (each
+    note's answering line with `lines`)."""
     if llm is None:
-        return RetrieverQueryEngine(retriever, response_synthesizer=ExtractiveSynthesizer())
+        return RetrieverQueryEngine(retriever, response_synthesizer=ExtractiveSynthesizer(lines))
     template = ChatPromptTemplate([ChatMessage(role=MessageRole.SYSTEM, content=SYSTEM_PROMPT),
                                    ChatMessage(role=MessageRole.USER, content=QUESTION_WITH_SOURCES)])
     synthesizer = says_not_found(CompactAndRefine(llm=llm, text_qa_template=template))

@@ -500,3 +500,41 @@ def test_a_table_row_is_read_under_its_header():
     scorer = LineScorer.for_question("how many Wh/kg does an LFP cell hold", idf.get)
     section, text = passage(note, ["wh/kg", "lfp"], scorer=scorer, title="Batteries")
     assert section == "Cells" and "Li-Ion **LFP** | 160" in text
+
+
+DAY = """# 2024-05-02 周四
+
+五一假期第二天，没出门，在家整理书架和笔记。
+
+## 上午
+
+把 quotes 里的摘抄重新排了一遍。
+
+## 下午
+
+- 做了番茄炒蛋，这次糖放少了。
+- 跑了 5 公里，配速 6'10"。
+"""
+
+
+def test_the_best_lead_of_another_section_is_shown_after_the_passage():
+    """The day's opening line names the day the question asks about; the morning's line is what it asked. Both are
+    shown, the second under its heading, within the same characters; the afternoon, ranked lower, is not."""
+    idf = {"五一": 6.0, "假期": 5.0, "第二天": 5.0, "上午": 4.0}
+    scorer = LineScorer.for_question("五一假期第二天上午做了什么", idf.get)
+    section, text = passage(DAY, ["五一", "假期", "第二天", "上午"], scorer=scorer, title="2024-05-02 周四")
+    assert section == "2024-05-02 周四" and text.startswith("**五一假期第二天**，没出门")
+    assert "\n\n› 上午\n\n把 quotes 里的摘抄重新排了一遍。" in text and "番茄" not in text
+    assert len(text) <= 420
+
+
+def test_another_sections_lead_never_crowds_out_a_better_line_of_the_passages_own_section():
+    """Within a passage's characters, a line of the best block's own section that outranks the other section's lead
+    keeps its place; the lead is shown only in the room left."""
+    note = ("# Day\n\n## Morning\n\nMorning walk by the river with the dog, then breakfast on the terrace.\n\n"
+            "Morning coffee at nine in the small cafe by the station, as every Sunday.\n\n## Evening\n\n"
+            "A long walk home through the old town, slow, looking at the shop windows.\n")
+    scorer = LineScorer.for_question("morning walk coffee", {"morn": 5.0, "walk": 4.0, "coffe": 4.0}.get)
+    section, text = passage(note, ["morning", "walk", "coffee"], limit=200, scorer=scorer, title="Day")
+    assert section == "Morning" and "walk** by the river" in text and "coffee** at nine" in text
+    assert "Evening" not in text
