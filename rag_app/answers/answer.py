@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import re
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -430,23 +431,24 @@ def passage(markdown: str, terms: list[str], limit: int = PASSAGE_CHARS, scorer:
             read = [_assemble(blocks, k, rank, prefer, terms, min(REREAD_CHARS, limit)) for k in candidates]
             candidates = _reread(scorer, candidates, rank, read, title)
         best = candidates[0] if candidates else order[0]
-        also = next((k for k in candidates if blocks[k].section != blocks[best].section), None)
+        also = next((k for k in candidates if blocks[k].section != blocks[best].section and rank[k] > 0), None)
     else:
         rank = {k: float(_hits(b.text, terms)) for k, b in enumerate(blocks)}
         best = max(range(len(blocks)), key=lambda k: (_hits(blocks[k].text, terms) + (
             _hits(blocks[k].section, terms) if blocks[k].level > 1 else 0), -k))
         also = None
-    return _assemble(blocks, best, rank, prefer, terms, limit, also)
+    return _assemble(blocks, best, rank, prefer, terms, limit, also, title)
 
 
 REREAD_CANDIDATES = 4  # the best-scored blocks whose passages the main model reads (the line that answers was in the
 # best 4 for 153 of 159 shown notes of bench/answer_lines, in the best one for 138)
 REREAD_CHARS = 200  # of each candidate's passage read: its line and what is next to it (of 194 pairs, 1 line fewer
 # shown when the model reads the whole 420-character passage, 9 fewer at 100)
-ALSO_CHARS = 160  # at most, for the best candidate of another section shown after the passage (bench/answer_lines:
-# 255 → 265 of 322 shown notes with their line, passages no longer; more of the same section instead, 580 characters
-# in all: 261)
+ALSO_CHARS = 160  # at most, for the best candidate of another section (a line that scores) shown after the passage,
+# its heading included (bench/answer_lines: 278 → 289 of 353 shown notes with their line, passages no longer; 160
+# more characters of the same section instead: 261 of 322 against 265)
 ALSO_MIN_CHARS = 60  # less room than this, and no other section is shown
+ALSO_HEADING_CHARS = 60  # of its heading, in "› heading"
 REREAD_WEIGHT = 20.0  # a passage's cosine above the best-scored one's, against the line scores (the best's = 1):
 # 0.05 closer outweighs the whole best line's score
 
@@ -467,25 +469,18 @@ def _reread(scorer: LineScorer, candidates: list[int], rank: dict[int, float], r
 
 
 def _assemble(blocks: list[_Block], best: int, rank: dict[int, float], prefer: dict[int, str | None],
-              terms: list[str], limit: int, also: int | None = None) -> tuple[str, str]:
+              terms: list[str], limit: int, also: int | None = None, title: str = "") -> tuple[str, str]:
     """(section, markdown) of the passage around block `best`: it (cut to its preferred line), then the next-best
     blocks of its section that fit in `limit`, in the note's order; `also`, the best candidate of another section,
-    after them, under its heading, when it fits (ALSO_CHARS) and outranks the blocks left."""
+    after them under its heading (`_other_section`), where it outranks the blocks left."""
     section = blocks[best].section
     chosen = {best: _fit(blocks[best], terms, limit, prefer.get(best))}
     used = len(chosen[best].text)
     near = sorted((k for k, b in enumerate(blocks) if b.section == section and k != best),
                   key=lambda k: (-rank[k], abs(k - best)))
     used = _fill(chosen, blocks, [k for k in near if also is None or rank[k] >= rank[also]], used, limit)
-    tail = ""
-    room = min(ALSO_CHARS, limit - used)
-    if also is not None and room >= ALSO_MIN_CHARS:
-        extra = _fit(blocks[also], terms, room, prefer.get(also))
-        if len(extra.text) <= room:
-            label = f"› {blocks[also].section}" if blocks[also].level > 1 else "…"  # a level 1: the note's title
-            tail = f"\n\n{label}\n\n" + (extra.text if extra.kind == "code" else highlight(extra.text, terms))
-            used += len(extra.text)
-    _fill(chosen, blocks, near, used, limit)
+    tail = _other_section(blocks, also, prefer, terms, min(ALSO_CHARS, limit - used), chosen, title)
+    _fill(chosen, blocks, near, used + len(tail), limit)
     out: list[str] = []
     for k in sorted(chosen):
         if out:
@@ -493,6 +488,25 @@ def _assemble(blocks: list[_Block], best: int, rank: dict[int, float], prefer: d
                        else "\n\n")
         out.append(chosen[k].text if chosen[k].kind == "code" else highlight(chosen[k].text, terms))
     return section, "".join(out) + tail
+
+
+def _other_section(blocks: list[_Block], also: int | None, prefer: dict[int, str | None], terms: list[str],
+                   room: int, chosen: dict[int, _Block], title: str) -> str:
+    """Block `also` (of another section) as markdown under "› its heading", heading and all within `room`
+    characters; "" when there is none, it does not fit in ALSO_MIN_CHARS or more, or it repeats what is shown."""
+    if also is None:
+        return ""
+    heading = blocks[also].section if blocks[also].section != title else ""
+    heading = heading if len(heading) <= ALSO_HEADING_CHARS else heading[:ALSO_HEADING_CHARS - 1].rstrip() + "…"
+    label = f"› {without_stray_markers(heading)}" if heading else "…"
+    room -= len(label) + 4
+    if room < ALSO_MIN_CHARS:
+        return ""
+    extra = _fit(blocks[also], terms, room, prefer.get(also))
+    text = extra.text if extra.kind == "code" else textwrap.dedent(extra.text)  # a nested item alone is no code
+    if len(text) > room or any(text.strip() in block.text for block in chosen.values()):
+        return ""
+    return f"\n\n{label}\n\n" + (text if extra.kind == "code" else highlight(text, terms))
 
 
 def _fill(chosen: dict[int, _Block], blocks: list[_Block], order: list[int], used: int, limit: int) -> int:

@@ -538,3 +538,34 @@ def test_another_sections_lead_never_crowds_out_a_better_line_of_the_passages_ow
     section, text = passage(note, ["morning", "walk", "coffee"], limit=200, scorer=scorer, title="Day")
     assert section == "Morning" and "walk** by the river" in text and "coffee** at nine" in text
     assert "Evening" not in text
+
+
+def test_another_section_is_shown_only_when_a_line_of_it_answers_something():
+    """A section none of whose lines holds anything of the question is no lead: the shopping list is not appended."""
+    note = ("# Recipes\n\n## Pancakes\n\nMix 200 g flour with two eggs and 300 ml milk.\n\n## Shopping\n\n"
+            "Buy more dish soap and batteries.\n")
+    scorer = LineScorer.for_question("how much flour for pancakes", {"flour": 6.0, "pancak": 6.0}.get)
+    section, text = passage(note, ["flour", "pancakes"], scorer=scorer, title="Recipes")
+    assert section == "Pancakes" and "200 g" in text and "Shopping" not in text and "soap" not in text
+
+
+def test_another_sections_heading_counts_against_the_passage_and_a_long_one_is_cut():
+    """The "› heading" line is part of the passage's characters; a heading of 300 characters is shortened."""
+    long = "Repairs " + "and more repairs " * 17
+    note = (f"# Day\n\n## Breakfast\n\nPancakes with maple syrup for breakfast, ready in twenty minutes.\n\n"
+            f"## {long}\n\nFixing the bike tire took an hour.\n")
+    scorer = LineScorer.for_question("pancakes and the bike tire", {"pancak": 12.0, "bike": 5.0, "tire": 5.0}.get)
+    for limit in (420, 240):
+        _, text = passage(note, ["pancakes", "bike", "tire"], limit=limit, scorer=scorer, title="Day")
+        assert "bike** **tire** took an hour" in text and len(text.replace("**", "")) <= limit
+        assert "\n\n› Repairs and more" in text and "…\n\n" in text
+
+
+def test_a_nested_item_shown_from_another_section_stays_an_item():
+    """An item indented under its parent (a tab, as Obsidian writes it) shown alone would read as code."""
+    note = ("# Laptop\n\n## Battery\n\nThe battery capacity is 72 Wh.\n\n## Accessories\n\n- Power\n"
+            "\t- Charger: 100 W USB-C\n")
+    scorer = LineScorer.for_question("battery capacity and the charger", {"batteri": 5.0, "capac": 5.0,
+                                                                          "charger": 6.0}.get)
+    _, text = passage(note, ["battery", "capacity", "charger"], scorer=scorer, title="Laptop")
+    assert "\n\n› Accessories\n\n- **Charger**: 100 W USB-C" in text
