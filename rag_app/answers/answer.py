@@ -445,8 +445,8 @@ REREAD_CANDIDATES = 4  # the best-scored blocks whose passages the main model re
 REREAD_CHARS = 200  # of each candidate's passage read: its line and what is next to it (of 194 pairs, 1 line fewer
 # shown when the model reads the whole 420-character passage, 9 fewer at 100)
 ALSO_CHARS = 160  # at most, for the best candidate of another section (a line that scores) shown after the passage,
-# its heading included (bench/answer_lines: 278 → 289 of 353 shown notes with their line, passages no longer; 160
-# more characters of the same section instead: 261 of 322 against 265)
+# its heading included (bench/answer_lines: 278 → 289 of 353 shown notes with their line, passages no longer; on the
+# 380 earlier pairs 255 → 266 of 322, and 261 with 160 more characters of the same section instead)
 ALSO_MIN_CHARS = 60  # less room than this, and no other section is shown
 ALSO_HEADING_CHARS = 60  # of its heading, in "› heading"
 REREAD_WEIGHT = 20.0  # a passage's cosine above the best-scored one's, against the line scores (the best's = 1):
