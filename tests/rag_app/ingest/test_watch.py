@@ -40,6 +40,7 @@ class WatchProcess:
 
     def __init__(self, home: Path, *args: str, env: dict[str, str] | None = None):
         full_env = {k: v for k, v in os.environ.items() if k not in ("CFLOW_API_TOKEN", "MEMOS_TOKEN", "BRAIN_HOME")}
+        full_env["PYTHONFAULTHANDLER"] = "1"  # a native crash prints every thread's stack (see stop)
         self.process = subprocess.Popen([*BRAIN, "--home", str(home), "watch", "--json", *args], cwd=REPO,
                                         env=full_env | (env or {}), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         text=True)
@@ -52,8 +53,12 @@ class WatchProcess:
             self.lines.append(json.loads(line))
 
     def stop(self, signum: int = signal.SIGTERM) -> int:
+        """The exit code; a process killed by a signal (a segfault at shutdown, seen once in CI) fails the test with
+        its stderr, where the fault handler wrote the stacks."""
         self.process.send_signal(signum)
-        return self.process.wait(timeout=30)
+        code = self.process.wait(timeout=30)
+        assert code >= 0, f"watch died of signal {-code}:\n{self.process.stderr.read()[-6000:]}"
+        return code
 
 
 def test_watch_makes_new_edited_and_deleted_notes_searchable_within_seconds(home, make_vault):
