@@ -45,10 +45,10 @@ _ASKING_PHRASE = re.compile(r"什么(?:时候|时间|地方)")
 _FUNCTION_WORDS = frozenset("must may might shall isn aren wasn weren don doesn didn won wouldn shouldn couldn "
                             "haven hasn hadn mustn needn".split())
 # A number: digits (not a list item's own number), a Chinese numeral with its unit (十点, 半勺, 两三个; not a lone 一:
-# 一点 is "a little"), or an English number word (tens, hundreds).
+# 一点 is "a little"; 一个多小时 is over an hour), or an English number word (tens, hundreds).
 _LIST_MARK = re.compile(r"^\s*(?:[-*+]\s+|\d{1,3}[.)、]\s*)")
 _NUMBER = re.compile(
-    r"(?<![A-Za-z0-9_])\d|(?:[零一二两三四五六七八九十百千万亿半]{2,}|[零二两三四五六七八九十百千万亿半])\s*(?:个|点|分|秒|天|日|周|星期|月|年|次|遍|"
+    r"(?<![A-Za-z0-9_])\d|一个[多半]?(?:小时|钟头|月|星期)|(?:[零一二两三四五六七八九十百千万亿半]{2,}|[零二两三四五六七八九十百千万亿半])\s*(?:个|点|分|秒|天|日|周|星期|月|年|次|遍|"
     r"张|本|杯|勺|克|斤|块|元|岁|度|公里|里|米|小时|钟|倍|成|层|页|人|份|碗|瓶|罐|台|部|件|条|种|家|号|晚|站|趟|顿)|"
     r"\b(?:two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|twenty|thirty|forty|fifty|sixty|seventy|eighty|"
     r"ninety|hundreds?|thousands?|millions?|billions?|dozens?|tens|half)\b", re.IGNORECASE)
@@ -60,7 +60,8 @@ _NUMBER = re.compile(
 # by a purpose (为了, "to avoid": a trip's lines say why each thing was done) nor a result (所以).
 _NUM = (r"(?:(?<![A-Za-z0-9_])\d[\d.,]*\s*|[零一二两三四五六七八九十百千万半几]+\s*|\b(?:one|two|three|four|five|six|"
         r"seven|eight|nine|ten|eleven|twelve|fifteen|twenty|thirty|forty|fifty|sixty|ninety|hundreds? of|a few|"
-        r"a couple of|several|half an?)[\s-]+)")  # "expire after two weeks" is a duration as 两周 is
+        r"a couple of|several|half an?)[\s-]+)(?:个\s*)?[多半]?")  # "expire after two weeks" is a duration as 两周 is,
+# and 一个多小时 (over an hour) and 两个半小时 as 两小时
 _KINDS = [(re.compile(q, re.IGNORECASE), re.compile(line, re.IGNORECASE)) for q, line in (
     (r"多重|多沉|体重|重量|\bhow heavy\b|\bweigh", _NUM + r"(?:kg|g|mg|lbs?|pounds?|oz|tons?|公斤|千克|克|斤|磅|吨)"
      r"(?![a-z])"),
@@ -138,9 +139,11 @@ class LineScorer:
                      translation: Callable[[], str | None] | None = None) -> LineScorer:
         asking = {t for word in _HOW_WORD.findall(question) + _ASKING_PHRASE.findall(question)
                   for t in tokenize(word)} | _FUNCTION_WORDS
-        terms = [t for t in dict.fromkeys(_base(t) for t in tokenize(question))
-                 if not is_question_word(t) and t not in asking]
-        weights = {t: idf(t) or 0.0 for t in terms}
+        written: dict[str, set[str]] = {}  # each term's forms as typed: "sixth" for 6, "wi-fi" for wifi
+        for token in tokenize(question):
+            written.setdefault(_base(token), set()).add(token)
+        terms = [t for t in written if not is_question_word(t) and t not in asking]
+        weights = {t: max((idf(w) or 0.0 for w in written[t] | {t}), default=0.0) for t in terms}
         for t in _focus(question):
             if t in weights:
                 weights[t] *= FOCUS_WEIGHT
@@ -240,8 +243,27 @@ _IRREGULAR = dict(pair.split(":") for pair in (
     "tried:tri fed:feed").split())
 
 
+# Numbers said in words read as digits, both ways: "the sixth wifi generation" is answered by "802.11ax (Wi-Fi 6)".
+# Not one / first (a pronoun, "the first step" of any list) nor second (also a unit of time). Stems, as tokenize
+# leaves them (twelv).
+_NUMBER_WORDS = {word: str(n) for n, words in enumerate((
+    (), (), ("two",), ("three", "third"), ("four", "fourth"), ("five", "fifth"), ("six", "sixth"),
+    ("seven", "seventh"), ("eight", "eighth"), ("nine", "ninth"), ("ten", "tenth"), ("eleven", "eleventh"),
+    ("twelv", "twelfth"))) for word in words}
+_ORDINAL = re.compile(r"^(\d{1,2})(?:st|nd|rd|th)$")
+
+
 def _base(token: str) -> str:
-    return _IRREGULAR.get(token, token)
+    """The form a question's token and a line's are compared in: a verb's present (ran → run), a number's digits
+    (sixth, 6th → 6), a hyphenated word joined (wi-fi → wifi, e-mail → email: people write both)."""
+    if token in _IRREGULAR:
+        return _IRREGULAR[token]
+    if token in _NUMBER_WORDS:
+        return _NUMBER_WORDS[token]
+    ordinal = _ORDINAL.match(token)
+    if ordinal:
+        return ordinal.group(1)
+    return token.replace("-", "") if "-" in token.strip("-") else token
 
 
 _HAN_TERM = re.compile(r"^[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+$")

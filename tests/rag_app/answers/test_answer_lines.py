@@ -569,3 +569,38 @@ def test_a_nested_item_shown_from_another_section_stays_an_item():
                                                                           "charger": 6.0}.get)
     _, text = passage(note, ["battery", "capacity", "charger"], scorer=scorer, title="Laptop")
     assert "\n\n› Accessories\n\n- **Charger**: 100 W USB-C" in text
+
+
+def test_a_number_said_in_words_or_as_an_ordinal_matches_its_digits_both_ways():
+    """"the sixth wifi generation" is answered by "802.11ax (Wi-Fi 6)"; "Wi-Fi 6" by "the sixth generation"."""
+    idf = {"sixth": 4.0, "6": 1.5, "wifi": 3.0, "wi-fi": 3.0, "generat": 2.0, "letter": 2.0}
+    scorer = LineScorer.for_question("what is the letter for the sixth wifi generation", idf.get)
+    answer, other = scorer.scores([("Evolution", "802.11ax (Wi-Fi 6) supports OFDMA."),
+                                   ("Evolution", "802.11ac (Wi-Fi 5) added MU-MIMO.")], "Wi-Fi")
+    assert answer > other
+    assert scorer.weights["6"] == 4.0  # weighed as the question wrote it, not as the common digit
+    back = LineScorer.for_question("which letter is Wi-Fi 6", idf.get)
+    sixth, fifth = back.scores([("", "the sixth generation is 802.11ax"), ("", "the fifth is 802.11ac")], "Wi-Fi")
+    assert sixth > fifth
+    assert LineScorer.for_question("the 3rd step", {}.get).terms == LineScorer.for_question("the third step",
+                                                                                          {}.get).terms
+
+
+def test_one_first_and_second_stay_words():
+    """"the main one", "the first step" and "a 30 second timeout" name no number."""
+    assert {"one", "first", "second"} <= set(LineScorer.for_question("is the first one a second", {}.get).terms)
+
+
+def test_a_hyphenated_word_matches_it_written_joined():
+    idf = {"email": 3.0}
+    scorer = LineScorer.for_question("how do I change my email", idf.get)
+    joined, other = scorer.scores([("", "Change your e-mail under Settings."), ("", "Change the theme.")], "Account")
+    assert joined > other
+
+
+def test_over_an_hour_is_a_duration():
+    """一个多小时 and 两个半小时 are durations as 两小时 is: "How long does the train to Kyoto take?"."""
+    scorer = LineScorer.for_question("how long does the train take", {"train": 3.0}.get)
+    over, half, plain, none = scorer.scores([("", "坐 Haruka 特急到京都站，一个多小时"), ("", "两个半小时"),
+                                             ("", "两小时"), ("", "特急很舒服")], "京都游记")
+    assert over == pytest.approx(plain) and half == pytest.approx(plain) and over > none + 0.9
