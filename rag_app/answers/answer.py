@@ -401,6 +401,24 @@ def _context(block: _Block) -> str:
     return block.section
 
 
+_CELL_NUMBER = re.compile(r"^[~≈约]?\s*[-+]?\d[\d.,]*$")
+_HEADER_UNIT = re.compile(r"[(（]([^()（）]{1,20})[)）]\s*$")
+
+
+def _with_units(block: _Block, row: str) -> str:
+    """A table row as it is read: each number cell followed by the unit its column's header gives in brackets, so
+    "| 住宿（四晚） | 2,600 |" under "金额（人民币，约）" is an amount of money, as "2,600 人民币" would be."""
+    if block.kind != "table" or len(block.lines) < 2 or not _TABLE_RULE.match(block.lines[1]) or row not in block.lines:
+        return row
+    heads = [_HEADER_UNIT.search(cell.strip()) for cell in block.lines[0].strip().strip("|").split("|")]
+    cells = row.strip().strip("|").split("|")
+    if len(cells) != len(heads) or not any(heads):
+        return row
+    read = [f"{cell.strip()} {head.group(1)}" if head and _CELL_NUMBER.match(cell.strip()) else cell.strip()
+            for cell, head in zip(cells, heads, strict=True)]
+    return "| " + " | ".join(read) + " |"
+
+
 def passage(markdown: str, terms: list[str], limit: int = PASSAGE_CHARS, scorer: LineScorer | None = None,
             title: str = "") -> tuple[str, str]:
     """(section heading, markdown): the part of a note or chunk that best answers, cut between whole blocks (a table
@@ -419,8 +437,8 @@ def passage(markdown: str, terms: list[str], limit: int = PASSAGE_CHARS, scorer:
         first_of = {b.section: k for k, b in reversed(list(enumerate(blocks)))}
         units += [(first_of[h.section], None) for h in every
                   if h.kind == "heading" and h.level > 1 and h.section in first_of]
-        scores = scorer.scores([(blocks[k].section, blocks[k].section) if unit is None else (_context(blocks[k]), unit)
-                                for k, unit in units], title)
+        scores = scorer.scores([(blocks[k].section, blocks[k].section) if unit is None
+                                else (_context(blocks[k]), _with_units(blocks[k], unit)) for k, unit in units], title)
         rank = dict.fromkeys(range(len(blocks)), float("-inf"))
         for (k, unit), score in zip(units, scores, strict=True):
             if score > rank[k]:

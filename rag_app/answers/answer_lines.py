@@ -29,13 +29,15 @@ KIND_WEIGHT = 1.0  # a number of the kind asked (5.8kg for 多重), as a share o
 HEAD_WEIGHT = 2.0  # a word in a line's label ("- ASIO: a HAL…", "14:52 — Hotfix: lower…") names what the line gives
 MAX_UNITS = 200  # lines of one note compared by meaning; a longer note's lines are cut by their words first
 
+# 几 asking "how many", not in 好几天 (several days), 十几个 (a dozen or so), 没几天 or 几乎 (almost)
+_JI = r"(?<![好十百千万没])几(?!乎)"
 # "when" opening the question, not "… when the tab bar is full"
-_ASKS_AMOUNT = re.compile(r"多少|几|多久|多大|多远|多重|多长|多高|什么时候|哪年|哪天|\bhow (?:much|many|far|long|big|"
-                          r"heavy|old|often)\b|\bwhat time\b|^\W*when\b", re.IGNORECASE)
+_ASKS_AMOUNT = re.compile(r"多少|" + _JI + r"|多久|多大|多远|多重|多长|多高|什么时候|哪年|哪天|"
+                          r"\bhow (?:much|many|far|long|big|heavy|old|often)\b|\bwhat time\b|^\W*when\b", re.IGNORECASE)
 # What an amount question measures: the words right after 多少 / 几 / how much / how many (放多少糖 → 糖, "how much
 # Redis memory will" → Redis memory). Not after 哪部 / which: the line that answers names the thing (《步履不停》),
 # rarely its kind (片子).
-_FOCUS_ZH = re.compile(r"(?:多少|几)[个种部本家位次张条件]?([\u4e00-\u9fff]+)")
+_FOCUS_ZH = re.compile(r"(?:多少|" + _JI + r")[个种部本家位次张条件]?([\u4e00-\u9fff]+)")
 _FOCUS_EN = re.compile(r"\bhow (?:much|many)\s+"
                        r"([a-z0-9][\w-]*(?:\s+[a-z0-9][\w-]*)?)", re.IGNORECASE)
 _HOW_WORD = re.compile(r"\bhow\s+([a-z]+)", re.IGNORECASE)  # "how much": says what is asked, not what about
@@ -69,14 +71,15 @@ _KINDS = [(re.compile(q, re.IGNORECASE), re.compile(line, re.IGNORECASE)) for q,
      r"\blength\b|\bheight\b", _NUM + r"(?:km|m|cm|mm|mi|miles?|met(?:er|re)s?|kilomet(?:er|re)s?|feet|ft|inch(?:es)?|"
      r"公里|千米|米|厘米|毫米|里|英里)(?![a-z])"),
     (r"多远|\bhow far\b|\bdistance\b", r"(?<![A-Za-z0-9_])\d+(?:\.\d)?\s*k(?![a-z])"),  # a runner's 5k
-    (r"多久|多长时间|几(?:个)?(?:天|小时|分钟|周|星期|月|年)|\bhow long\b|\bhow many (?:days|hours|minutes|weeks|"
-     r"months|years)\b|\bduration\b", _NUM + r"(?:s|secs?|seconds?|mins?|minutes?|h|hrs?|hours?|days?|weeks?|"
+    (r"多久|多长时间|" + _JI + r"(?:个)?(?:天|小时|分钟|周|星期|月|年)|\bhow long\b|"
+     r"\bhow many (?:days|hours|minutes|weeks|months|years)\b|\bduration\b",
+     _NUM + r"(?:s|secs?|seconds?|mins?|minutes?|h|hrs?|hours?|days?|weeks?|"
      r"months?|years?|秒|分钟|分|小时|个?钟头|天|周|星期|个月|年)(?![a-z])"),
-    (r"几度|多少度|温度|水温|气温|\btemperature\b|\bhow (?:hot|cold|warm)\b", _NUM + r"(?:°|℃|度|degrees?)"),
+    (_JI + r"度|多少度|温度|水温|气温|\btemperature\b|\bhow (?:hot|cold|warm)\b", _NUM + r"(?:°|℃|度|degrees?)"),
     (r"多大|容量|大小|\bhow (?:big|large)\b|\bsize\b|\bcapacity\b", _NUM + r"(?:[kmgt]i?b|bytes?|mah|wh|l|ml|升|"
      r"毫升|平米|平方米|㎡|寸|inch(?:es)?)(?![a-z])"),
     (r"多少钱|价格|价钱|花了多少|\bcosts?\b|\bprices?\b|\bhow much (?:did|does|do|is|was) .*\b(?:pay|spend|cost)",
-     r"[¥￥$€£]\s*\d|" + _NUM + r"(?:元|块|rmb|yuan|dollars?|euros?|usd|eur|gbp)(?![a-z])"),
+     r"[¥￥$€£]\s*\d|" + _NUM + r"(?:元|块|人民币|rmb|yuan|dollars?|euros?|usd|eur|gbp|[¥￥$€£])(?![a-z])"),
     (r"\bfrequenc|频率|频段", _NUM + r"(?:[kmgt]?hz|赫兹)(?![a-z])"),
     (r"多快|测速|带宽|(?:网速|速度|车速)(?:是|有)?多少|\bhow fast\b|\bwhat(?:'s| is| was)? the speed\b|\bbandwidth\b",
      _NUM + r"(?:[kmgt]i?b(?:ps|/s)|[kmgt]bit/s|km/h|kph|mph|m/s|公里每小时|公里/小时)(?![a-z])"),
@@ -87,9 +90,9 @@ _KINDS = [(re.compile(q, re.IGNORECASE), re.compile(line, re.IGNORECASE)) for q,
     (r"为什么|為什麼|原因|怎么会(?!议)|怎麼會(?!議)|\bwhy\b|\bwhat caus|\bhow come\b", r"因为|由于|导致|"
      r"(?:原因|理由)\s*[:：是]|\bbecause\b|\bdue to (?!be\b|the\b|my\b|\w+ (?:on|by|in)\b)|\bcaused? by\b|"
      r"\b(?:root )?cause\s*:|\breason\s*:"),
-    (r"多久一次|几次|\bhow often\b|\bhow many times\b", r"每|一次|\bevery\b|\bper\b|\bdaily\b|\bweekly\b|"
+    (r"多久一次|" + _JI + r"次|\bhow often\b|\bhow many times\b", r"每|一次|\bevery\b|\bper\b|\bdaily\b|\bweekly\b|"
      r"\btimes? a\b|" + _NUM + r"(?:次|遍|times)"),
-    (r"几点|什么时候|什么时间|哪年|哪天|\bwhat time\b|^\W*when\b", r"\d{1,2}[:：]\d{2}|" + _NUM + r"(?:点|點|am|pm|"
+    (_JI + r"点|什么时候|什么时间|哪年|哪天|\bwhat time\b|^\W*when\b", r"\d{1,2}[:：]\d{2}|" + _NUM + r"(?:点|點|am|pm|"
      r"a\.m\.|p\.m\.|月|日|号|年)|\b(?:19|20)\d\d\b|早上|上午|中午|下午|晚上|凌晨|周末|春|夏|秋|冬|季|"
      r"\b(?:morning|noon|afternoon|evening|night|weekends?|spring|summer|autumn|winter|mondays?|tuesdays?|"
      r"wednesdays?|thursdays?|fridays?|saturdays?|sundays?|january|february|march|april|may|june|july|august|"

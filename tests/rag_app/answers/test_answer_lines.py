@@ -90,9 +90,16 @@ def test_in_an_amount_question_the_measured_word_counts_double_and_a_list_number
     ("when do I water the plants", True),
     ("what time do you have to check out", True),
     ("退房是几点", True),
+    ("一周浇几次水", True),
+    ("出差好几天阳台的花怎么办", False),  # 好几天: several days, not "how many"
+    ("哪些植物几乎养不死", False),  # 几乎: almost
+    ("十几个人聚餐去哪里", False),  # 十几个: a dozen or so
 ])
 def test_when_a_question_asks_for_an_amount_or_a_time(question, amount):
-    assert LineScorer.for_question(question, {}.get).asks_amount is amount
+    scorer = LineScorer.for_question(question, {}.get)
+    assert scorer.asks_amount is amount
+    if "几" in question and not amount:
+        assert scorer.kinds == ()  # 好几天 asks no duration either
 
 
 def test_numbers_in_words_count_and_a_list_items_own_number_does_not():
@@ -502,6 +509,16 @@ def test_a_table_row_is_read_under_its_header():
     assert section == "Cells" and "Li-Ion **LFP** | 160" in text
 
 
+def test_a_number_cell_is_read_with_the_unit_its_column_gives():
+    """"How much did the hotel cost" asks an amount of money; the budget table's cells say 2,600, its header says
+    人民币. Read without the unit, a day's paragraph about the hotel won."""
+    note = ("# 京都游记\n\n## 第一天\n\n晚上到酒店 check in，hotel 在河原町附近。\n\n## 花费\n\n"
+            "| 项目 | 金额（人民币，约） |\n| --- | --- |\n| 机票（往返） | 2,100 |\n| 住宿（四晚） | 2,600 |\n")
+    scorer = LineScorer.for_question("how much did the hotel cost", {"hotel": 3.0, "cost": 2.0}.get)
+    section, text = passage(note, ["hotel", "cost"], scorer=scorer, title="京都游记")
+    assert section == "花费" and "| 住宿（四晚） | 2,600 |" in text  # shown as written
+
+
 DAY = """# 2024-05-02 周四
 
 五一假期第二天，没出门，在家整理书架和笔记。
@@ -604,3 +621,4 @@ def test_over_an_hour_is_a_duration():
     over, half, plain, none = scorer.scores([("", "坐 Haruka 特急到京都站，一个多小时"), ("", "两个半小时"),
                                              ("", "两小时"), ("", "特急很舒服")], "京都游记")
     assert over == pytest.approx(plain) and half == pytest.approx(plain) and over > none + 0.9
+
