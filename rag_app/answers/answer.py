@@ -402,13 +402,19 @@ def _context(block: _Block) -> str:
 
 
 _CELL_NUMBER = re.compile(r"^[~≈约]?\s*[-+]?\d[\d.,]*$")
-_HEADER_UNIT = re.compile(r"[(（]([^()（）]{1,20})[)）]\s*$")
+# A column header's unit in brackets, its first part ("金额（人民币，约）", "Energy (Wh/kg)"); not "Sets (per week)",
+# "Pages (2023)" or "Passenger(s)", which are no unit a number is measured in.
+_HEADER_UNIT = re.compile(r"[(（]\s*((?:[kmgt]i?b|[kmgt]?hz|[kmgt]?bps|[kmg]?wh(?:/kg)?|mah|kg|mg|g|lbs?|km|cm|mm|mi|"
+                          r"m|l|ml|ms|secs?|mins?|hrs?|hours?|days?|weeks?|months?|years?|°c|°f|℃|%|"
+                          r"usd|eur|gbp|rmb|cny|jpy|yuan|dollars?|euros?|[¥￥$€£]|人民币|元|块|日元|美元|欧元|"
+                          r"公斤|千克|克|斤|公里|千米|米|厘米|毫米|升|毫升|平米|平方米|㎡|秒|分钟|小时|天|周|个月|年|度))"
+                          r"\s*(?:[,，;；、]\s*[^()（）]{0,12})?[)）]\s*$", re.IGNORECASE)
 
 
-def _with_units(block: _Block, row: str) -> str:
+def _with_units(block: _Block, row: str | None) -> str | None:
     """A table row as it is read: each number cell followed by the unit its column's header gives in brackets, so
     "| 住宿（四晚） | 2,600 |" under "金额（人民币，约）" is an amount of money, as "2,600 人民币" would be."""
-    if block.kind != "table" or len(block.lines) < 2 or not _TABLE_RULE.match(block.lines[1]) or row not in block.lines:
+    if row is None or block.kind != "table" or len(block.lines) < 2 or not _TABLE_RULE.match(block.lines[1]):
         return row
     heads = [_HEADER_UNIT.search(cell.strip()) for cell in block.lines[0].strip().strip("|").split("|")]
     cells = row.strip().strip("|").split("|")
@@ -445,7 +451,7 @@ def passage(markdown: str, terms: list[str], limit: int = PASSAGE_CHARS, scorer:
                 rank[k], prefer[k] = score, unit
         order = sorted(range(len(blocks)), key=lambda k: (-rank[k], k))
         candidates = [k for k in order[:REREAD_CANDIDATES] if rank[k] > float("-inf")]
-        if len(candidates) > 1 and scorer.rereads(prefer.get(order[0])):
+        if len(candidates) > 1 and scorer.rereads(_with_units(blocks[order[0]], prefer.get(order[0]))):
             read = [_assemble(blocks, k, rank, prefer, terms, min(REREAD_CHARS, limit)) for k in candidates]
             candidates = _reread(scorer, candidates, rank, read, title)
         best = candidates[0] if candidates else order[0]

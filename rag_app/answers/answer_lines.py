@@ -29,8 +29,9 @@ KIND_WEIGHT = 1.0  # a number of the kind asked (5.8kg for 多重), as a share o
 HEAD_WEIGHT = 2.0  # a word in a line's label ("- ASIO: a HAL…", "14:52 — Hotfix: lower…") names what the line gives
 MAX_UNITS = 200  # lines of one note compared by meaning; a longer note's lines are cut by their words first
 
-# 几 asking "how many", not in 好几天 (several days), 十几个 (a dozen or so), 没几天 or 几乎 (almost)
-_JI = r"(?<![好十百千万没])几(?!乎)"
+# 几 asking "how many", not in 好几天 (several days; but 最好几点 asks), 十几个 (a dozen or so), 没几天, 几乎 (almost),
+# 茶几 (a tea table), 几何 (geometry) or 几率 (odds)
+_JI = r"(?<![十百千万没茶])(?<!(?<![最你还])好)几(?![乎何率])"
 # "when" opening the question, not "… when the tab bar is full"
 _ASKS_AMOUNT = re.compile(r"多少|" + _JI + r"|多久|多大|多远|多重|多长|多高|什么时候|哪年|哪天|"
                           r"\bhow (?:much|many|far|long|big|heavy|old|often)\b|\bwhat time\b|^\W*when\b", re.IGNORECASE)
@@ -142,12 +143,15 @@ class LineScorer:
                      translation: Callable[[], str | None] | None = None) -> LineScorer:
         asking = {t for word in _HOW_WORD.findall(question) + _ASKING_PHRASE.findall(question)
                   for t in tokenize(word)} | _FUNCTION_WORDS
-        written: dict[str, set[str]] = {}  # each term's forms as typed: "sixth" for 6, "wi-fi" for wifi
+        written: dict[str, set[str]] = {}  # each term's forms as typed: broke for break, wi-fi for wifi
         for token in tokenize(question):
             written.setdefault(_base(token), set()).add(token)
         terms = [t for t in written if not is_question_word(t) and t not in asking]
-        weights = {t: max((idf(w) or 0.0 for w in written[t] | {t}), default=0.0) for t in terms}
-        for t in _focus(question):
+        # a word weighs as rare as the notes make its rarest typed form (they say "broke", never "break"); a number
+        # said in words as rare as its digits, which is what a line holds
+        weights = {t: (idf(t) or 0.0) if t.isdigit() else max(idf(w) or 0.0 for w in written[t] | {t})
+                   for t in terms}
+        for t in {_base(t) for t in _focus(question)}:
             if t in weights:
                 weights[t] *= FOCUS_WEIGHT
         kinds = tuple(line for asked, line in _KINDS if asked.search(question))
@@ -247,13 +251,13 @@ _IRREGULAR = dict(pair.split(":") for pair in (
 
 
 # Numbers said in words read as digits, both ways: "the sixth wifi generation" is answered by "802.11ax (Wi-Fi 6)".
-# Not one / first (a pronoun, "the first step" of any list) nor second (also a unit of time). Stems, as tokenize
-# leaves them (twelv).
+# Not one / first / 1st (a pronoun, "the first step" of any list) nor second / 2nd (also a unit of time). Stems, as
+# tokenize leaves them (twelv).
 _NUMBER_WORDS = {word: str(n) for n, words in enumerate((
     (), (), ("two",), ("three", "third"), ("four", "fourth"), ("five", "fifth"), ("six", "sixth"),
     ("seven", "seventh"), ("eight", "eighth"), ("nine", "ninth"), ("ten", "tenth"), ("eleven", "eleventh"),
     ("twelv", "twelfth"))) for word in words}
-_ORDINAL = re.compile(r"^(\d{1,2})(?:st|nd|rd|th)$")
+_ORDINAL = re.compile(r"^([3-9]|1[0-2])(?:rd|th)$")
 
 
 def _base(token: str) -> str:
@@ -278,7 +282,7 @@ class _Text:
 
     def __init__(self, text: str, labelled: bool = False) -> None:
         self.text = text
-        self.tokens = {_base(t) for t in tokenize(text)}
+        self.tokens = {_base(t) for t in tokenize(_LIST_MARK.sub("", text))}  # "3. Buy milk" holds no 3
         self.simplified = to_simplified(text)  # what kinds and numbers read: NFKC would make 89㎡ 89m2, ① a digit
         self.folded = to_simplified(unicodedata.normalize("NFKC", text).lower())
         label = _LABEL.match(text) if labelled else None

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rag_app.answers.answer import passage
+from rag_app.answers.answer import _blocks, _with_units, passage
 from rag_app.answers.answer_lines import MAX_UNITS, LineScorer, line_sentences, sentences
 
 PAIRS = Path(__file__).resolve().parents[3] / "bench" / "answer_lines" / "sample_vault.tsv"
@@ -94,6 +94,8 @@ def test_in_an_amount_question_the_measured_word_counts_double_and_a_list_number
     ("出差好几天阳台的花怎么办", False),  # 好几天: several days, not "how many"
     ("哪些植物几乎养不死", False),  # 几乎: almost
     ("十几个人聚餐去哪里", False),  # 十几个: a dozen or so
+    ("茶几买的什么牌子", False),  # a tea table
+    ("最好几点睡觉", True),  # 最好 + 几点: "best at what time"
 ])
 def test_when_a_question_asks_for_an_amount_or_a_time(question, amount):
     scorer = LineScorer.for_question(question, {}.get)
@@ -517,6 +519,20 @@ def test_a_number_cell_is_read_with_the_unit_its_column_gives():
     scorer = LineScorer.for_question("how much did the hotel cost", {"hotel": 3.0, "cost": 2.0}.get)
     section, text = passage(note, ["hotel", "cost"], scorer=scorer, title="京都游记")
     assert section == "花费" and "| 住宿（四晚） | 2,600 |" in text  # shown as written
+    seen: list[list[str]] = []
+    reread = LineScorer.for_question("how much did the hotel cost", {"hotel": 3.0, "cost": 2.0}.get, None,
+                                     _reader("check in", seen))
+    section, text = passage(note, ["hotel", "cost"], scorer=reread, title="京都游记")
+    assert section == "花费" and not seen  # the row holds the amount asked, with its column's unit: not read again
+
+
+@pytest.mark.parametrize("header", ["Sets (per week)", "Pages (2023)", "Passenger(s)", "Name (optional)"])
+def test_a_bracket_in_a_column_header_that_is_no_unit_adds_nothing(header):
+    """"3 per week" would read as how often, "380 2023" as a year, "3 s" as seconds (red team)."""
+    note = (f"# Log\n\nEmma took me a whole summer, the gym three evenings a week.\n\n| Item | {header} |\n"
+            "| --- | --- |\n| Emma | 380 |\n")
+    block = next(b for b in _blocks(note) if b.kind == "table")
+    assert _with_units(block, "| Emma | 380 |") == "| Emma | 380 |"
 
 
 DAY = """# 2024-05-02 周四
@@ -595,7 +611,7 @@ def test_a_number_said_in_words_or_as_an_ordinal_matches_its_digits_both_ways():
     answer, other = scorer.scores([("Evolution", "802.11ax (Wi-Fi 6) supports OFDMA."),
                                    ("Evolution", "802.11ac (Wi-Fi 5) added MU-MIMO.")], "Wi-Fi")
     assert answer > other
-    assert scorer.weights["6"] == 4.0  # weighed as the question wrote it, not as the common digit
+    assert scorer.weights["6"] == 1.5  # as rare as the digit a line holds, not as the word
     back = LineScorer.for_question("which letter is Wi-Fi 6", idf.get)
     sixth, fifth = back.scores([("", "the sixth generation is 802.11ax"), ("", "the fifth is 802.11ac")], "Wi-Fi")
     assert sixth > fifth
@@ -603,9 +619,19 @@ def test_a_number_said_in_words_or_as_an_ordinal_matches_its_digits_both_ways():
                                                                                           {}.get).terms
 
 
+def test_a_list_items_own_number_is_no_number_word():
+    """"the three rules" is not answered by a list's third item for its "3." (red team), nor by a numbered heading."""
+    idf = {"3": 1.0, "rule": 2.0, "club": 3.0}
+    scorer = LineScorer.for_question("what are the three rules of the club", idf.get)
+    item, heading, rules = scorer.scores([("", "3. Fights will go on as long as they have to"),
+                                          ("3. Non-goals", "Nothing else."), ("", "The club has 3 rules.")], "Club")
+    assert item == heading == 0.0 and rules == 1.0
+
+
 def test_one_first_and_second_stay_words():
-    """"the main one", "the first step" and "a 30 second timeout" name no number."""
-    assert {"one", "first", "second"} <= set(LineScorer.for_question("is the first one a second", {}.get).terms)
+    """"the main one", "the first step", "the 1st floor" and "a 30 second timeout" name no number."""
+    terms = set(LineScorer.for_question("is the first one a second on the 1st or 2nd floor", {}.get).terms)
+    assert {"one", "first", "second", "1st", "2nd"} <= terms
 
 
 def test_a_hyphenated_word_matches_it_written_joined():
