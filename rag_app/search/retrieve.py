@@ -313,6 +313,8 @@ class SearchIndex:
             return []
         centre = np.asarray(got["embeddings"], dtype=np.float32).mean(axis=0)
         n = min(collection.count(), k * 4 + len(entry.chunk_ids))
+        if n <= 0:  # emptied since the get: a collection being swapped (doctor --compact)
+            return []
         hits = collection.query(query_embeddings=[centre.tolist()], n_results=n, include=["metadatas"])
         out: list[str] = []
         for meta in hits["metadatas"][0]:
@@ -497,6 +499,8 @@ class VectorRetriever(BaseRetriever):
             best = {got["ids"][i]: float(sims[i]) for i in np.argsort(-sims)[: self.top_k]}
         else:
             n = min(self.top_k * (4 if self.allowed is not None else 1), size)
+            if n <= 0:  # empty for a moment: `doctor --compact` swapping the collection under this reader
+                return []
             got = collection.query(query_embeddings=vectors, n_results=n, include=["distances"])
             for ids, distances in zip(got["ids"], got["distances"], strict=True):
                 for chunk_id, distance in zip(ids, distances, strict=True):

@@ -633,3 +633,17 @@ def test_related_notes_answer_while_another_process_syncs(home: Path):
         syncing.wait()
     assert calls > 50
     assert failures == [], f"{len(failures)} of {calls} calls failed: {failures[:3]}"
+
+
+def test_a_collection_empty_for_a_moment_gives_no_vector_hits_not_an_error(sample_brain, monkeypatch):
+    """`doctor --compact` swaps a Chroma server's collection under a reader: counted at that moment it is empty, and
+    Chroma refuses a query for 0 results (a TypeError seen in CI). The search goes on by keyword."""
+    real, calls = SearchIndex.collection_size, []
+
+    def swapped_after_each_look(self, model=None):  # there when checked, empty when queried
+        calls.append(model)
+        return real(self, model) if len(calls) % 2 else 0
+
+    monkeypatch.setattr(SearchIndex, "collection_size", swapped_after_each_look)
+    results = sample_brain.search("手冲咖啡水温多少度", k=3, expand=False).results
+    assert results and results[0]["title"] == "咖啡冲煮记录"
