@@ -22,6 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from eval_sets import synced_home  # noqa: E402
+
 from rag_app.engine import Brain  # noqa: E402
 
 
@@ -89,16 +91,16 @@ def main() -> None:
     args = parser.parse_args()
     for name in [k for k in os.environ if k.startswith("LLM_")]:
         del os.environ[name]  # extractive answers are what is measured
+    specs = [(synced_home(home), Path(file)) for home, _, file in (s.partition("=") for s in args.specs)]
     totals = [0, 0, 0, 0, 0, 0]
     print("| pairs | asked | line shown (of which in a not-sure answer) | right note shown without the line (of which "
           "another answering line; in a not-sure answer) | line shown of the notes shown | right note not shown |")
     print("|---|---|---|---|---|---|")
-    for spec in args.specs:
-        home, _, file = spec.partition("=")
+    for home, file in specs:
         times: list[float] | None = [] if args.timing else None
-        counts = measure(Path(home), Path(file), args.misses, times)
+        counts = measure(home, file, args.misses, times)
         totals = [t + v for t, v in zip(totals, counts, strict=True)]
-        print(_row(Path(file).stem, *counts), flush=True)
+        print(_row(file.stem, *counts), flush=True)
         if times:
             times.sort()
             print(f"  ask ms p50 / p90: {statistics.median(times):.0f} / {times[int(len(times) * 0.9)]:.0f}")

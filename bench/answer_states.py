@@ -26,7 +26,7 @@ from unittest import mock
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from eval_sets import load_set, materialise, ready_home  # noqa: E402
+from eval_sets import load_set, materialise, ready_home, synced_home  # noqa: E402
 from metrics import ndcg_at  # noqa: E402
 from relevance_fit import OUT, configuration, home_model, question_set  # noqa: E402
 
@@ -131,6 +131,9 @@ def main() -> None:
     args = parser.parse_args()
     shared = Path(args.shared)
     filters = AGENT if args.as_agent else None
+    for spec in args.specs:
+        if "=" in spec:
+            synced_home(spec.partition("=")[0])
     if args.no_topics:
         mock.patch("rag_app.search.retrieve.SearchIndex.topic_similarity", lambda *a, **k: {}).start()
     print("| set / configuration | answerable | nDCG@10 | right top hit | right top strong | right top strong or "
@@ -143,7 +146,7 @@ def main() -> None:
     for spec in args.specs:
         if "=" in spec:  # a vault's home and its topical file
             home, _, file = spec.partition("=")
-            settings = load_settings(Path(home))
+            settings = load_settings(synced_home(home))
             questions = topical_questions(Path(file))
             for config in args.configs.split(","):
                 config_settings, mode = configuration(settings, config)

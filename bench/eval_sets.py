@@ -104,6 +104,16 @@ def unfilled_channels(home: Path) -> list[str]:
         brain.close()
 
 
+def synced_home(path: str) -> Path:
+    """A HOME of a HOME=FILE spec, or exit: a path that holds no synced home would open as a new, empty one and
+    measure zeros."""
+    home = Path(path)
+    if not (home / "index.sqlite").exists():
+        sys.exit(f"{home} holds no synced home (no index.sqlite): sync a vault into it first "
+                 f"(brain --home {home} sync)")
+    return home
+
+
 def ready_home(out: Path, eval_set: EvalSet, model: str) -> Path:
     """The set's bench home, or exit: missing, or still filling vectors (the engine searches only complete channels,
     so measuring now would quietly score fewer channels)."""
