@@ -375,7 +375,13 @@ def test_sources_show_the_cited_and_strong_ones_and_keep_the_rest_behind_more() 
     assert "\\[9\\]" in answer and "_Searched for: q about T_" in answer
     glossed = app.turn_markdown(turn | {"coverage": {"translation": "see other people have bad luck"}}, 4, (),
                                 obsidian=False)
-    assert "_Also searched in English, word by word: see other people have bad luck_" in glossed
+    assert '_Also searched in English, word by word: "see other people have bad luck"_' in glossed
+    undated = app.turn_markdown(turn | {"coverage": {"time_phrase_ignored": "今年", "time_phrase_unmatched": True}},
+                                4, (), obsidian=False)
+    assert '_Nothing dated "今年" comes close, so it was searched as words across all your notes_' in undated
+    dated = app.turn_markdown(turn | {"coverage": {"time_phrase": {"phrase": "上个月", "since": "2026-11-01",
+                                                                   "until": "2026-11-30"}}}, 4, (), obsidian=False)
+    assert '_Time filter from "上个月": 2026\\-11\\-01 – 2026\\-11\\-30_' in dated, "the page says a time filter"
     first, more = sources.split("<details><summary>2 more</summary>")
     assert re.findall(r"^(\d)\. ", first, re.M) == ["1", "3"] and re.findall(r"^(\d)\. ", more, re.M) == ["2", "4"]
     assert "   e1" in first, "an LLM answer's sources show their excerpts"

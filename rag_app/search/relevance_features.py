@@ -189,7 +189,9 @@ def lexical_features(index: SearchIndex, fusion: NoteFusionRetriever, query: str
     note among the query's candidates (several notes holding the query alike make any one of them less surely the
     answer), the share its title and tags hold, how much of the query the notes know at all, how far its BM25 score
     stands out of BM25's list, and what of the query's specifics its best chunk lacks. In a `small` pool a word no
-    note has says nothing (a handful of notes lacks most words): shares are of the known words.
+    note has says nothing (a handful of notes lacks most words): shares are of the known words, as long as they are
+    most of the question's words. When most are unknown there, the pool is about something else (a date filter that
+    left six notes, one holding 到 of 上海冬天突然降温到几度): they count as missing, as in any pool.
 
     Each word a note holds counts at its IDF, at most the note's cap (`Breadth`): a note that holds every word (a
     list of the commonest words, pasted as a note) holds a question's words by chance, not as an answer; a word only
@@ -199,7 +201,8 @@ def lexical_features(index: SearchIndex, fusion: NoteFusionRetriever, query: str
         return
     weights = terms.weights()
     unknown = np.asarray([i is None for i in terms.idfs], dtype=bool)
-    if small:
+    asked = np.asarray([not is_question_word(t) for t in terms.tokens], dtype=bool)
+    if small and (unknown & asked).sum() * 2 <= asked.sum():
         weights = np.where(unknown, 0.0, weights)
     total = float(weights.sum())
     wide = breadth(index.keyword())

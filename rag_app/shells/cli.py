@@ -18,6 +18,7 @@ import click
 
 from rag_app.answers.answer import NOT_FOUND, AnswerResponse, filters_text, readable_excerpt, unmentioned_clause
 from rag_app.answers.llm import missing_message
+from rag_app.answers.search_notes import search_notes
 from rag_app.engine import (
     BackgroundWatch,
     Brain,
@@ -380,23 +381,9 @@ def _without_leads(text: str) -> str:
     return text.split("\n\n")[0] if text.startswith(NOT_FOUND) else text
 
 
-def _time_filter_line(coverage: dict[str, Any]) -> str | None:
-    """The date range a time phrase in the query became ("上个月的读书笔记"), which filters what is found, or why a
-    time phrase filtered nothing (no note is dated in its range: it was searched as words)."""
-    phrase, ignored = coverage.get("time_phrase"), coverage.get("time_phrase_ignored")
-    if ignored:
-        return f"(\"{_plain(ignored)}\" filtered nothing: no note is dated in that range, so it was searched as words)"
-    if not phrase:
-        return None
-    return f"(time filter from \"{_plain(phrase['phrase'])}\": {phrase['since']} – {phrase['until']})"
-
-
 def _search_lines(coverage: dict[str, Any]) -> list[str]:
-    """What shaped the search besides the words: the gloss in the notes' language a question was also searched as
-    (rag_app.search.cross_language), and the time filter (`_time_filter_line`)."""
-    gloss, language = coverage.get("translation"), coverage.get("translation_language") or "English"
-    lines = [f"(also searched in {_plain(language)}, word by word: \"{_plain(gloss)}\")"] if gloss else []
-    return lines + list(filter(None, [_time_filter_line(coverage)]))
+    """What shaped the search besides the words (rag_app.answers.search_notes), one line each."""
+    return [f"({_plain(note)})" for note in search_notes(coverage)]
 
 
 def _store_down_line(coverage: dict[str, Any]) -> str | None:

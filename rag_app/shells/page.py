@@ -35,6 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send  # noqa: E402
 
 from rag_app.answers.answer import cited_numbers, excerpt_markdown  # noqa: E402
 from rag_app.answers.code_spans import Part, render, split_code  # noqa: E402
+from rag_app.answers.search_notes import search_notes  # noqa: E402
 from rag_app.engine import (  # noqa: E402
     Brain,
     ConfigError,
@@ -517,8 +518,8 @@ def answer_strength(turn: dict[str, Any]) -> str | None:
 
 def turn_markdown(turn: dict[str, Any], index: int, allowed: Iterable[str], obsidian: bool) -> str:
     """One answer as the chat shows it: its relevance state, the sanitised answer with its `[n]` linked (an
-    extractive answer says itself why the LLM did not write it), the query a follow-up was condensed to and the
-    English a Chinese question was also searched as, then the sources."""
+    extractive answer says itself why the LLM did not write it), the query a follow-up was condensed to, what else
+    shaped the search (the gloss it was also searched as, a time phrase's filter), then the sources."""
     coverage = turn.get("coverage") or {}
     citations = turn.get("citations") or []
     state = answer_strength(turn)
@@ -527,10 +528,7 @@ def turn_markdown(turn: dict[str, Any], index: int, allowed: Iterable[str], obsi
     condensed = str(coverage.get("condensed_query") or "").strip()
     if condensed and condensed != str(turn.get("question") or "").strip():
         parts.append(f"_Searched for: {escape_markdown(condensed)}_")
-    translation = str(coverage.get("translation") or "").strip()
-    if translation:  # a question in the other language than the notes (rag_app.search.cross_language)
-        language = escape_markdown(str(coverage.get("translation_language") or "English"))
-        parts.append(f"_Also searched in {language}, word by word: {escape_markdown(translation)}_")
+    parts += [f"_{escape_markdown(note[:1].upper() + note[1:])}_" for note in search_notes(coverage)]
     if citations:
         cited = coverage.get("cited") if turn.get("mode") == "llm" else None
         if cited is None:

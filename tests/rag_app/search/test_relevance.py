@@ -268,6 +268,14 @@ def test_a_filter_that_leaves_a_few_notes_still_finds_the_one_named(sample_brain
     assert [r["title"] for r in response.results] == ["电影清单"] and response.results[0]["strength"] == "strong"
 
 
+def test_a_filter_that_leaves_a_few_notes_about_other_things_finds_no_answer_in_a_common_word(sample_brain) -> None:
+    """Notes dated 2025 hold none of 上海冬天突然降温到几度's words but 到: the few notes left are about other things,
+    so the words they lack count as missing (ignored, 首页 held "all" the question's known words: strong, 0.98)."""
+    response = sample_brain.search("上海冬天突然降温到几度", k=3, since="2025-01-01", until="2025-12-31", expand=False)
+    assert response.results and all(r["strength"] not in ("strong", "related") for r in response.results)
+    assert response.answer_state != "found"
+
+
 def test_a_note_is_less_surely_the_answer_when_another_holds_the_query_alike(home, make_vault) -> None:
     """Two recipes for 红烧肉 hold 红烧肉怎么做 alike, so neither stands above the other (lexical_margin ~0); the one
     番茄炒蛋 note stands above every other note; with all else equal the margin raises relevance."""
