@@ -21,11 +21,8 @@ def search_notes(coverage: dict[str, Any]) -> list[str]:
 
 def time_filter_note(coverage: dict[str, Any]) -> str | None:
     """The date range a time phrase in the question became ("上个月的读书笔记"), which filters what is found; or why
-    a time phrase filtered nothing: no note is dated in its range, or none dated there comes close while others do
-    (今年打算读几本书 asked of last December's goals note). Then it was searched as words."""
+    a time phrase filtered nothing (no note is dated in its range: it was searched as words)."""
     phrase, ignored = coverage.get("time_phrase"), coverage.get("time_phrase_ignored")
-    if ignored and coverage.get("time_phrase_unmatched"):
-        return f"nothing dated \"{ignored}\" comes close, so it was searched as words across all your notes"
     if ignored:
         return f"\"{ignored}\" filtered nothing: no note is dated in that range, so it was searched as words"
     if not phrase:

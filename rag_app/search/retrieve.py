@@ -710,14 +710,13 @@ class NoteFusionRetriever(QueryFusionRetriever):
             self.last = self._search(self._index_of(), clean_query(query))
             return self.last
 
-    def _search(self, index: SearchIndex, query: str, dated: bool = True) -> SearchResponse:
-        """`dated`: a time phrase in the query filters by date; False reads it as words."""
+    def _search(self, index: SearchIndex, query: str) -> SearchResponse:
         started = time.perf_counter()
         index.timing = _Timing()
         self._down: list[str] = []
         mode = "bm25" if self.search_mode == "hybrid" and not index.dense else self.search_mode
         filters = self.filters
-        text, time_range = extract_time_range(query, self.today) if dated else (query, None)
+        text, time_range = extract_time_range(query, self.today)
         ignored_phrase = None
         unfiltered = filters
         if time_range and not (filters.since or filters.until):
@@ -793,27 +792,10 @@ class NoteFusionRetriever(QueryFusionRetriever):
         if allowed is not None and not allowed and any(filters.to_dict().values()):
             coverage["no_note_matches_filters"] = True  # a typo'd tag is not "not in your notes": nothing was searched
         state = relevance.answer_state(results)
-        response = SearchResponse(query, results, coverage,
-                                  {"total_ms": total_ms, "embed_ms": index.timing.embed_ms,
-                                   "ours_ms": total_ms - index.timing.embed_ms, "relevance_ms": rate_ms},
-                                  state == "not_found", evidence, state)
-        if time_range and state != "found":
-            return self._undated(index, query, response, time_range.phrase, started)
-        return response
-
-    def _undated(self, index: SearchIndex, query: str, dated: SearchResponse, phrase: str,
-                 started: float) -> SearchResponse:
-        """A time phrase that filtered away every answer may belong to the question: 今年打算读几本书 asked of a
-        goals note written last December. The query is searched again with the phrase as words, over every note; if
-        that comes closer (found, or unsure where the dated search found nothing close), it is what the person sees,
-        saying the phrase matched nothing dated then."""
-        undated = self._search(index, query, dated=False)
-        if relevance.STATES.index(undated.answer_state) >= relevance.STATES.index(dated.answer_state):
-            return dated
-        undated.coverage["time_phrase_ignored"] = phrase
-        undated.coverage["time_phrase_unmatched"] = True
-        undated.timing["total_ms"] = (time.perf_counter() - started) * 1000
-        return undated
+        return SearchResponse(query, results, coverage,
+                              {"total_ms": total_ms, "embed_ms": index.timing.embed_ms,
+                               "ours_ms": total_ms - index.timing.embed_ms, "relevance_ms": rate_ms},
+                              state == "not_found", evidence, state)
 
     def _has_collection(self, index: SearchIndex, model: str) -> bool:
         """Whether a dense model has a collection to search; a store that cannot be reached is noted (`_down`)."""

@@ -431,26 +431,6 @@ def test_a_time_phrase_that_filters_nothing_is_said_in_text_as_in_json(home, mak
         assert done.returncode == 0 and line in done.stdout.splitlines(), done.stdout
 
 
-def test_a_time_phrase_that_filters_away_every_answer_is_searched_as_words_and_said_so(home, make_vault):
-    """A plan written the December before is what "what did I decide to quit in 2024" asks about: the only note
-    dated in 2024 does not answer, so the question is searched again over every note, and the output says why."""
-    vault = make_vault({
-        "plans.md": "---\ndate: 2023-12-30\n---\n# Plans for 2024\n\nQuit short videos and sugary drinks. "
-                    "Read 24 books.\n",
-        "cat.md": "---\ndate: 2024-03-10\n---\n# Cat\n\nThe cat weighs 5.8 kg and sleeps on the sofa.\n"})
-    assert brain(home, "sync", "--vault", str(vault)).returncode == 0
-    found = json.loads(brain(home, "search", "what did I decide to quit in 2024", "--json").stdout)
-    assert found["answer_state"] == "found" and found["results"][0]["path"] == "plans.md"
-    assert found["coverage"]["time_phrase_ignored"] == "in 2024" and found["coverage"]["time_phrase_unmatched"]
-    line = '(nothing dated "in 2024" comes close, so it was searched as words across all your notes)'
-    for command in ("search", "ask"):
-        done = brain(home, command, "what did I decide to quit in 2024", env={"LLM_BASE_URL": "", "LLM_MODEL": ""})
-        assert done.returncode == 0 and line in done.stdout.splitlines(), done.stdout
-    dated = json.loads(brain(home, "search", "how heavy is the cat in 2024", "--json").stdout)
-    assert dated["coverage"]["time_phrase"]["since"] == "2024-01-01" and not dated["coverage"]["time_phrase_ignored"]
-    assert [r["path"] for r in dated["results"]] == ["cat.md"], "a phrase whose notes answer keeps filtering"
-
-
 def test_help_lists_every_command_in_whole_sentences_and_every_json_flag_is_explained(home):
     top = brain(home, "--help").stdout
     commands = top.split("Commands:")[1].strip().splitlines()
