@@ -99,13 +99,15 @@ def test_terminal_output_never_carries_escape_sequences_or_split_lines(home, mak
     vault = make_vault({
         "evil.md": "---\ntitle: \"\\e]0;pwned\\a\\e[31mred title\\e[0m\"\n---\nwombat facts\n",
         "two\nlines.md": "# wombat diary\n\nwombat again\n",
+        "separator.md": "---\ntitle: \"wombat\\Lsplit\"\n---\nwombat once more\n",  # \L: U+2028, a line break
     })
     assert brain(home, "sync", "--vault", str(vault)).returncode == 0
     found = brain(home, "search", "wombat", "--mode", "bm25")
     assert found.returncode == 0, found.stderr
     assert "\x1b" not in found.stdout and "\x07" not in found.stdout
     result_lines = [line for line in found.stdout.splitlines() if line[:3].strip().rstrip(".").isdigit()]
-    assert len(result_lines) == 2 and any("red title" in line for line in result_lines)
+    assert len(result_lines) == 3 and any("red title" in line for line in result_lines)
+    assert any("wombat split" in line for line in result_lines)
     assert any("two lines.md" in line for line in result_lines)
     as_json = json.loads(brain(home, "search", "wombat", "--json").stdout)
     assert any("\x1b" in r["title"] for r in as_json["results"])  # JSON keeps the data exactly, escaped
