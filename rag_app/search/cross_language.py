@@ -36,8 +36,8 @@ from rag_app.index.user_cache import cache_dir
 from rag_app.search.query import MAX_QUERY_CHARS
 
 CEDICT_FILE = "cedict_1_0_ts_utf-8_mdbg.txt.gz"
-PARSE_VERSION = 5  # bumped when _sense or _name changes: the cached copy is of the parsed senses
-REVERSE_VERSION = 3  # bumped when _invert changes
+PARSE_VERSION = 4  # bumped when _sense changes: the cached copy is of the parsed senses
+REVERSE_VERSION = 1  # bumped when _invert changes
 MIN_COVERED = 0.5  # share of a question's Han characters in dictionary words of two or more characters
 SENSES = 3  # the first senses a word may be glossed with: the one the home's words know best (笔记: "notes")
 SEPARATOR = "\t"
@@ -58,9 +58,6 @@ LIGHT_WORDS = frozenset(
 COMMON_SHARE = 0.05  # a word in more of a home's chunks than this says little about which note (distinctive_words)
 _LATIN_WORD = re.compile(r"[a-z][a-z0-9]*(?:'[a-z]+)?")
 _ENTRY = re.compile(r"(\S+) (\S+) \[[^\]]*\] /(.*)/")
-# A place's or thing's name before what the entry says of it: 成都 "Chengdu subprovincial city and capital of Sichuan
-# province", 京都 "Kyoto, Japan", 西湖 "Xihu or West lake"
-_NAME_FIRST = re.compile(r"^([A-Z][a-z]+(?:[ -][A-Z][a-z]+)?)(?=,\s|\s+(?:or\s|[a-z(]))")
 _NOT_A_SENSE = re.compile(r"^(CL:|variant of|old variant|see |surname|abbr\.|used in|also written|erhua|Taiwan pr|pr\.|"
                           r"lit\.|fig\.|\()")
 
@@ -94,10 +91,7 @@ def _cached(family: str, version: str, build: Callable[[Path], dict]) -> dict:
 
 
 def _parse(path: Path) -> dict[str, str]:
-    """Headword → its senses (`_sense`); a word of two or more characters none of whose entries has one is glossed
-    by the name its explanation starts with (`_name`: 成都 "Chengdu"), so a question about Chengdu finds 成都's note."""
     senses: dict[str, str] = {}
-    names: dict[str, str] = {}
     with gzip.open(path, "rt", encoding="utf-8") as lines:
         for line in lines:
             entry = _ENTRY.match(line)
@@ -111,12 +105,7 @@ def _parse(path: Path) -> dict[str, str]:
             if sense:
                 senses.setdefault(simplified, sense)
                 senses.setdefault(traditional, sense)
-            elif len(simplified) > 1:
-                name = next(filter(None, map(_name, defs.split("/"))), None)
-                if name:
-                    names.setdefault(simplified, name)
-                    names.setdefault(traditional, name)
-    return {**names, **senses}
+    return senses
 
 
 def _sense(definition: str, character: bool) -> str | None:
@@ -128,12 +117,6 @@ def _sense(definition: str, character: bool) -> str | None:
     if not text or _NOT_A_SENSE.match(text) or "[" in text or "|" in text or len(text.split()) > MAX_SENSE_WORDS:
         return None
     return None if character and text[0].isupper() else text
-
-
-def _name(definition: str) -> str | None:
-    """The name an explanation starts with ("Chengdu subprovincial city and capital of …" → Chengdu), or None."""
-    found = _NAME_FIRST.match(re.sub(r"\([^)]*\)", "", definition).strip())
-    return found.group(1) if found else None
 
 
 def _segment(text: str, senses: dict[str, str]) -> list[str]:
@@ -213,12 +196,9 @@ def _invert(senses: dict[str, str]) -> dict[str, tuple[str, ...]]:
     found: dict[str, list[str]] = {}
     for headword, glossed in senses.items():
         for sense in glossed.split(SEPARATOR):
-            named = _NAME_FIRST.match(sense)  # "Kyoto, Japan" is a sense for Kyoto too ("Beijing opera" is not)
-            comma = named is not None and sense[named.end():].startswith(",") and len(headword) > 1
-            for phrase in {sense, named.group(1)} if comma and named else {sense}:
-                words = _LATIN_WORD.findall(phrase.lower())
-                if 1 <= len(words) <= PHRASE_WORDS and not EN_STOPWORDS.intersection(words):
-                    found.setdefault(" ".join(stem(words)), []).append(headword)
+            words = _LATIN_WORD.findall(sense.lower())
+            if 1 <= len(words) <= PHRASE_WORDS and not EN_STOPWORDS.intersection(words):
+                found.setdefault(" ".join(stem(words)), []).append(headword)
     return {key: tuple(dict.fromkeys(heads)) for key, heads in found.items()}
 
 

@@ -155,8 +155,7 @@ def note_evidence(index: SearchIndex, fusion: NoteFusionRetriever, note_ids: lis
             if (query, name) in fusion.skipped_runs or (name != "bm25" and (not hits or small)):
                 continue
             if name == "bm25":
-                lexical_features(index, fusion, query, chunks_of, title_tokens, features, small, note_by_chunk,
-                                 narrowed=small and pool < len(index.keyword().ids))
+                lexical_features(index, fusion, query, chunks_of, title_tokens, features, small, note_by_chunk)
                 ran.append(name)
             elif dense_features(index, query, models[name], hits, chunks_of, features, pool):
                 ran.append(name)
@@ -185,15 +184,12 @@ def note_ranks(hits: list[tuple[str, float]], note_by_chunk: dict[str, str]) -> 
 
 def lexical_features(index: SearchIndex, fusion: NoteFusionRetriever, query: str, chunks_of: dict[str, list[str]],
                      title_tokens: dict[str, set[str]], features: dict[str, dict[str, float]], small: bool,
-                     note_by_chunk: dict[str, str], narrowed: bool = False) -> None:
+                     note_by_chunk: dict[str, str]) -> None:
     """Per note: the share of the query's IDF mass its best chunk holds, how far that stands above the best other
     note among the query's candidates (several notes holding the query alike make any one of them less surely the
     answer), the share its title and tags hold, how much of the query the notes know at all, how far its BM25 score
     stands out of BM25's list, and what of the query's specifics its best chunk lacks. In a `small` pool a word no
-    note has says nothing (a handful of notes lacks most words): shares are of the known words. Unless a filter
-    `narrowed` the pool and most of the question's words are unknown in it: then the notes it left are about
-    something else (a date filter that left six notes, one holding 到 of 上海冬天突然降温到几度), and those words
-    count as missing, as in any pool.
+    note has says nothing (a handful of notes lacks most words): shares are of the known words.
 
     Each word a note holds counts at its IDF, at most the note's cap (`Breadth`): a note that holds every word (a
     list of the commonest words, pasted as a note) holds a question's words by chance, not as an answer; a word only
@@ -203,8 +199,7 @@ def lexical_features(index: SearchIndex, fusion: NoteFusionRetriever, query: str
         return
     weights = terms.weights()
     unknown = np.asarray([i is None for i in terms.idfs], dtype=bool)
-    asked = np.asarray([not is_question_word(t) for t in terms.tokens], dtype=bool)
-    if small and not (narrowed and (unknown & asked).sum() * 2 > asked.sum()):
+    if small:
         weights = np.where(unknown, 0.0, weights)
     total = float(weights.sum())
     wide = breadth(index.keyword())

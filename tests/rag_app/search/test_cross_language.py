@@ -205,17 +205,6 @@ def test_an_english_question_is_glossed_in_the_chinese_words_the_home_uses() -> 
     assert english_words("番茄要选什么样的") is None and english_words("the of and") is None
 
 
-def test_a_place_is_glossed_by_its_name_both_ways() -> None:
-    """CC-CEDICT explains places ("Chengdu subprovincial city and capital of Sichuan province", "Kyoto, Japan"): the
-    name they start with is what a question says. A word with a sense of its own keeps it (管子 is "tube", not the
-    classic Guanzi)."""
-    assert english_gloss("成都的熊猫") == "Chengdu panda"
-    assert english_gloss("细管子") == "thin or slender tube"
-    homes_words = {"成都": 3, "京都": 2, "熊猫": 1, "市场": 1}
-    assert chinese_gloss("pandas in Chengdu", uses=lambda word: homes_words.get(word, 0)) == "熊猫 成都"
-    assert chinese_gloss("the market in Kyoto", uses=lambda word: homes_words.get(word, 0)) == "市场 京都"
-
-
 def test_a_gloss_counts_only_the_words_that_tell_notes_apart() -> None:
     """A word in over COMMON_SHARE of the home's chunks, or in none, does not say which note."""
     uses = {"研究": 1, "咖啡": 3, "的": 100}.get
