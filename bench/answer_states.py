@@ -146,7 +146,7 @@ def main() -> None:
     for spec in args.specs:
         if "=" in spec:  # a vault's home and its topical file
             home, _, file = spec.partition("=")
-            settings = load_settings(synced_home(home))
+            settings = load_settings(Path(home))  # checked by synced_home above
             questions = topical_questions(Path(file))
             for config in args.configs.split(","):
                 config_settings, mode = configuration(settings, config)
